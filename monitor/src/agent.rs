@@ -1,0 +1,123 @@
+//! `datapath-monitor run`: wires the stages together and runs until SIGTERM or SIGINT.
+
+use std::{
+    sync::{
+        Arc, Mutex, RwLock,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Instant,
+};
+
+use anyhow::Context as _;
+use tokio::{signal::unix, sync::mpsc, task::JoinHandle};
+use tracing::{info, warn};
+
+use crate::{
+    api::{self, ApiState},
+    config::Config,
+    datapath::{Datapath, mounts},
+    interfaces::{self, InterfaceFilter, LinkEvent},
+    metrics::{Metrics, SharedSample},
+    sampler::{Sample, Sampler},
+};
+
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mounted = mounts::ensure_mounted().context("preparing tracefs and bpffs")?;
+    if !mounted.is_empty() {
+        info!(?mounted, "mounted missing pseudo filesystems");
+    }
+    let filter = InterfaceFilter::new(&config.interfaces, &config.exclude).context("interface globs")?;
+    let datapath = Datapath::load().context("loading the kernel programs (are you root, with BTF?)")?;
+    let own_netns = interfaces::own_netns_inode().context("reading this network namespace")?;
+    let sampler = Arc::new(Mutex::new(Sampler::new(datapath, own_netns, config.removed_interface_grace())));
+
+    let listener = api::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
+    let shared_sample: SharedSample = Arc::new(RwLock::new(Arc::new(Sample::default())));
+    let state = Arc::new(ApiState {
+        metrics: Metrics::new(Arc::clone(&shared_sample)),
+        sampler: Arc::clone(&sampler),
+        ready: AtomicBool::new(false),
+    });
+    let (shutdown_tx, mut shutdown_rx) = tokio::sync::watch::channel(false);
+    let server = {
+        let router = api::router(Arc::clone(&state));
+        let mut shutdown = shutdown_tx.subscribe();
+        tokio::spawn(async move {
+            axum::serve(listener, router).with_graceful_shutdown(async move {
+                let _ = shutdown.changed().await;
+            })
+            .await
+        })
+    };
+    info!(listen = %config.listen, "serving /metrics, /healthz, /readyz, /api/v1");
+
+    let (initial, link_events) = interfaces::watch_links(filter).await.context("watching network interfaces")?;
+    {
+        let mut sampler = lock(&sampler);
+        for link in initial {
+            sampler.apply(LinkEvent::Added(link));
+        }
+        publish(&shared_sample, sampler.sample());
+        info!(attached = sampler.attached_count(), elapsed_ms = started.elapsed().as_millis() as u64, "ready");
+    }
+    state.ready.store(true, Ordering::Release);
+
+    let links_task = spawn_link_watch(Arc::clone(&sampler), link_events);
+    let sampler_task = {
+        let sampler = Arc::clone(&sampler);
+        let shared_sample = Arc::clone(&shared_sample);
+        let interval = config.sample_interval();
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                let sample = lock(&sampler).sample();
+                publish(&shared_sample, sample);
+            }
+        })
+    };
+
+    let signal = wait_for_signal().await?;
+    info!(signal, "shutting down");
+    state.ready.store(false, Ordering::Release);
+    let _ = shutdown_tx.send(true);
+    let _ = shutdown_rx.changed().await;
+    links_task.abort();
+    sampler_task.abort();
+    if let Ok(Err(error)) = server.await {
+        warn!(%error, "HTTP server");
+    }
+    lock(&sampler).detach_all();
+    info!("detached from all interfaces");
+    Ok(())
+}
+
+fn lock(sampler: &Mutex<Sampler>) -> std::sync::MutexGuard<'_, Sampler> {
+    // A panic elsewhere must not stop the agent from detaching at exit.
+    sampler.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn publish(shared: &SharedSample, sample: Sample) {
+    let mut guard = shared.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    *guard = Arc::new(sample);
+}
+
+fn spawn_link_watch(sampler: Arc<Mutex<Sampler>>, mut events: mpsc::Receiver<LinkEvent>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(event) = events.recv().await {
+            lock(&sampler).apply(event);
+        }
+        warn!("netlink link watch ended: new interfaces are no longer attached");
+    })
+}
+
+async fn wait_for_signal() -> anyhow::Result<&'static str> {
+    let mut terminate = unix::signal(unix::SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut interrupt = unix::signal(unix::SignalKind::interrupt()).context("SIGINT handler")?;
+    Ok(tokio::select! {
+        _ = terminate.recv() => "SIGTERM",
+        _ = interrupt.recv() => "SIGINT",
+    })
+}

@@ -1,0 +1,81 @@
+//! The HTTP server: /metrics, /healthz, /readyz and the JSON API.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use axum::{
+    Json, Router,
+    extract::State,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use serde::Serialize;
+use tokio::net::TcpListener;
+
+use crate::{
+    datapath::ProbeReport,
+    metrics::Metrics,
+    sampler::{Sampler, WatchedInterface},
+};
+
+pub struct ApiState {
+    pub metrics: Metrics,
+    pub sampler: Arc<Mutex<Sampler>>,
+    /// Programs loaded and the interfaces present at start-up attached.
+    pub ready: AtomicBool,
+}
+
+pub fn router(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/api/v1/interfaces", get(interfaces))
+        .with_state(state)
+}
+
+pub async fn bind(listen: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(listen).await
+}
+
+async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
+    match state.metrics.render() {
+        Ok(body) => (
+            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            body,
+        )
+            .into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed\n").into_response(),
+    }
+}
+
+#[derive(Serialize)]
+struct Readiness {
+    ready: bool,
+    interfaces_attached: usize,
+    probes: ProbeReport,
+}
+
+async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
+    let ready = state.ready.load(Ordering::Acquire);
+    let (interfaces_attached, probes) = match state.sampler.lock() {
+        Ok(sampler) => (sampler.attached_count(), sampler.probes().clone()),
+        Err(_) => return (StatusCode::INTERNAL_SERVER_ERROR, "sampler poisoned\n").into_response(),
+    };
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(Readiness { ready, interfaces_attached, probes })).into_response()
+}
+
+async fn interfaces(State(state): State<Arc<ApiState>>) -> Response {
+    let watched: Vec<WatchedInterface> = match state.sampler.lock() {
+        Ok(sampler) => sampler.watched_interfaces(),
+        Err(_) => return (StatusCode::INTERNAL_SERVER_ERROR, "sampler poisoned\n").into_response(),
+    };
+    Json(watched).into_response()
+}

@@ -1,0 +1,303 @@
+//! The agent's configuration: CLI flags, `DATAPATH_MONITOR_*` environment variables and a
+//! TOML file, in that order of precedence, over the defaults in [`Config::default`].
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+use crate::interfaces::InterfaceFilter;
+
+#[derive(Debug, Parser)]
+#[command(name = "datapath-monitor", version, about = "Node-level eBPF datapath continuity monitor")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the agent: attach to watched interfaces and serve metrics and the API.
+    Run(RunArgs),
+    /// Print recent incidents from a running agent.
+    Incidents {
+        #[arg(long, env = "DATAPATH_MONITOR_SERVER", default_value = DEFAULT_SERVER)]
+        server: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print attached interfaces, programs and lifecycle state from a running agent.
+    Status {
+        #[arg(long, env = "DATAPATH_MONITOR_SERVER", default_value = DEFAULT_SERVER)]
+        server: String,
+    },
+}
+
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:9781";
+
+/// Flags of `run`. Every one is optional here so that unset flags fall back to the file.
+#[derive(Debug, Default, Args)]
+pub struct RunArgs {
+    /// TOML configuration file (keys as in datapath-monitor.toml).
+    #[arg(long, env = "DATAPATH_MONITOR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address of the HTTP server (/metrics, /healthz, /readyz, /api/v1/*).
+    #[arg(long, env = "DATAPATH_MONITOR_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Interface name glob to watch (repeatable; replaces the defaults).
+    #[arg(long = "interface", env = "DATAPATH_MONITOR_INTERFACE", value_delimiter = ',')]
+    pub interfaces: Vec<String>,
+    /// Interface name glob never to watch (repeatable).
+    #[arg(long = "exclude", env = "DATAPATH_MONITOR_EXCLUDE", value_delimiter = ',')]
+    pub excludes: Vec<String>,
+    /// CNI configuration directory to watch (repeatable; replaces the defaults).
+    #[arg(long = "cni-dir", env = "DATAPATH_MONITOR_CNI_DIR", value_delimiter = ',')]
+    pub cni_dirs: Vec<PathBuf>,
+    /// Kernel comm name of an SDN process to watch (repeatable; replaces the defaults).
+    #[arg(long = "sdn-process", env = "DATAPATH_MONITOR_SDN_PROCESS", value_delimiter = ',')]
+    pub sdn_processes: Vec<String>,
+    /// libcni result cache, for pod names.
+    #[arg(long, env = "DATAPATH_MONITOR_CNI_CACHE_DIR")]
+    pub cni_cache_dir: Option<PathBuf>,
+    /// Where incident history is kept.
+    #[arg(long, env = "DATAPATH_MONITOR_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Log line format.
+    #[arg(long, env = "DATAPATH_MONITOR_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// How long series of a removed interface stay exported.
+    #[arg(long, env = "DATAPATH_MONITOR_REMOVED_INTERFACE_GRACE_SECONDS")]
+    pub removed_interface_grace_seconds: Option<u64>,
+    /// How often the kernel counters are read.
+    #[arg(long, env = "DATAPATH_MONITOR_SAMPLE_INTERVAL_MS")]
+    pub sample_interval_ms: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The resolved configuration; also the schema of the TOML file.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub interfaces: Vec<String>,
+    pub exclude: Vec<String>,
+    pub cni_dirs: Vec<PathBuf>,
+    pub sdn_processes: Vec<String>,
+    pub cni_cache_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub log_format: LogFormat,
+    pub removed_interface_grace_seconds: u64,
+    pub sample_interval_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9781)),
+            interfaces: InterfaceFilter::DEFAULT_INCLUDE.iter().map(|s| s.to_string()).collect(),
+            exclude: Vec::new(),
+            cni_dirs: ["/etc/cni/net.d", "/etc/kubernetes/cni/net.d", "/var/run/multus/cni/net.d"]
+                .into_iter()
+                .map(PathBuf::from)
+                .collect(),
+            sdn_processes: [
+                "openshift-sdn-n",
+                "openshift-sdn",
+                "ovs-vswitchd",
+                "ovsdb-server",
+                "ovn-controller",
+                "ovnkube",
+                "flanneld",
+                "calico-node",
+                "cilium-agent",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            cni_cache_dir: PathBuf::from("/var/lib/cni/results"),
+            state_dir: PathBuf::from("/var/lib/datapath-monitor"),
+            log_format: LogFormat::Text,
+            removed_interface_grace_seconds: 300,
+            sample_interval_ms: 250,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {source}")]
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    #[error("{key} must be {what}, got {value}")]
+    Invalid { key: &'static str, what: &'static str, value: String },
+}
+
+impl Config {
+    pub fn from_toml(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source: Box::new(source) })
+    }
+
+    /// File (if any) overlaid with flags and environment.
+    pub fn resolve(args: RunArgs) -> Result<Self, ConfigError> {
+        let RunArgs {
+            config,
+            listen,
+            interfaces,
+            excludes,
+            cni_dirs,
+            sdn_processes,
+            cni_cache_dir,
+            state_dir,
+            log_format,
+            removed_interface_grace_seconds,
+            sample_interval_ms,
+        } = args;
+        let mut resolved = match config {
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(&path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+                Self::from_toml(&path, &text)?
+            }
+            None => Self::default(),
+        };
+        let replace_if_given = |target: &mut Vec<_>, given: Vec<_>| {
+            if !given.is_empty() {
+                *target = given;
+            }
+        };
+        if let Some(listen) = listen {
+            resolved.listen = listen;
+        }
+        replace_if_given(&mut resolved.interfaces, interfaces);
+        replace_if_given(&mut resolved.exclude, excludes);
+        if !cni_dirs.is_empty() {
+            resolved.cni_dirs = cni_dirs;
+        }
+        if !sdn_processes.is_empty() {
+            resolved.sdn_processes = sdn_processes;
+        }
+        if let Some(dir) = cni_cache_dir {
+            resolved.cni_cache_dir = dir;
+        }
+        if let Some(dir) = state_dir {
+            resolved.state_dir = dir;
+        }
+        if let Some(format) = log_format {
+            resolved.log_format = format;
+        }
+        if let Some(seconds) = removed_interface_grace_seconds {
+            resolved.removed_interface_grace_seconds = seconds;
+        }
+        if let Some(ms) = sample_interval_ms {
+            resolved.sample_interval_ms = ms;
+        }
+        resolved.validate()?;
+        Ok(resolved)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(10..=10_000).contains(&self.sample_interval_ms) {
+            return Err(ConfigError::Invalid {
+                key: "sample_interval_ms",
+                what: "between 10 and 10000",
+                value: self.sample_interval_ms.to_string(),
+            });
+        }
+        if let Some(name) = self.sdn_processes.iter().find(|name| name.is_empty() || name.len() > 15) {
+            return Err(ConfigError::Invalid {
+                key: "sdn_processes",
+                what: "kernel comm names of 1 to 15 bytes",
+                value: name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn sample_interval(&self) -> Duration {
+        Duration::from_millis(self.sample_interval_ms)
+    }
+
+    pub fn removed_interface_grace(&self) -> Duration {
+        Duration::from_secs(self.removed_interface_grace_seconds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("datapath-monitor").chain(args.iter().copied()))
+    }
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        match parse(args).unwrap().command {
+            Command::Run(run) => run,
+            other => panic!("expected run, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_come_from_the_field() {
+        let config = Config::resolve(run_args(&["run"])).unwrap();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:9781");
+        assert!(config.interfaces.iter().any(|g| g == "veth*"));
+        assert!(config.sdn_processes.iter().any(|p| p == "ovs-vswitchd"));
+        assert_eq!(config.sample_interval_ms, 250);
+    }
+
+    #[test]
+    fn flags_override_file_and_repeat() {
+        let dir = std::env::temp_dir().join(format!("dm-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "listen = \"0.0.0.0:9000\"\ninterfaces = [\"eth*\"]\nsample_interval_ms = 100\n").unwrap();
+        let config = Config::resolve(run_args(&[
+            "run",
+            "--config",
+            file.to_str().unwrap(),
+            "--interface",
+            "dm*",
+            "--interface",
+            "br0",
+            "--log-format",
+            "json",
+        ]))
+        .unwrap();
+        assert_eq!(config.listen.to_string(), "0.0.0.0:9000");
+        assert_eq!(config.interfaces, vec!["dm*", "br0"]);
+        assert_eq!(config.sample_interval_ms, 100);
+        assert_eq!(config.log_format, LogFormat::Json);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        assert!(parse(&["run", "--listen", "nonsense"]).is_err());
+        assert!(parse(&["run", "--log-format", "xml"]).is_err());
+        assert!(parse(&["run", "--no-such-flag"]).is_err());
+        let err = Config::from_toml(Path::new("x.toml"), "no_such_key = 1").unwrap_err();
+        assert!(err.to_string().contains("no_such_key"), "{err}");
+        let err = Config::resolve(run_args(&["run", "--sdn-process", "a-name-longer-than-15"])).unwrap_err();
+        assert!(err.to_string().contains("15 bytes"), "{err}");
+    }
+
+    #[test]
+    fn shipped_example_config_parses_and_equals_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../datapath-monitor.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(Config::from_toml(&path, &text).unwrap(), Config::default());
+    }
+}

@@ -1,0 +1,269 @@
+//! What the drop tracer needs to know about this kernel, read at run time: struct
+//! offsets and drop reason names from BTF, and the classic tracepoint's record layout.
+//!
+//! rustc emits no CO-RE relocations, so offsets resolved here reach the programs as globals.
+
+use std::{collections::BTreeMap, fs, path::Path};
+
+use btf_rs::{Btf, Type};
+
+use super::DatapathError;
+
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Byte offsets the drop tracer follows from `struct sk_buff *` to its device and netns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DropTracerOffsets {
+    /// `sk_buff.dev` (inside anonymous unions on current kernels).
+    pub skb_dev: u32,
+    /// `net_device.ifindex`.
+    pub dev_ifindex: u32,
+    /// `net_device.nd_net.net`.
+    pub dev_net: u32,
+    /// `net.ns.inum`.
+    pub net_inum: u32,
+}
+
+/// Layout of the classic `skb:kfree_skb` tracepoint record, from its format file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TracepointLayout {
+    pub skbaddr: u32,
+    /// None on kernels before 5.17, whose tracepoint has no reason field.
+    pub reason: Option<u32>,
+}
+
+/// Kernel facts from BTF.
+pub struct KernelLayout {
+    pub offsets: DropTracerOffsets,
+    /// `enum skb_drop_reason` (plus subsystem enums such as OVS's), prefix stripped.
+    pub drop_reasons: BTreeMap<u32, String>,
+    pub btf: Btf,
+}
+
+impl KernelLayout {
+    pub fn from_vmlinux() -> Result<Self, DatapathError> {
+        Self::from_file(Path::new(VMLINUX_BTF))
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, DatapathError> {
+        let btf = Btf::from_file(path).map_err(|source| DatapathError::Btf {
+            what: format!("reading {}", path.display()),
+            source: source.into(),
+        })?;
+        let offsets = DropTracerOffsets {
+            skb_dev: member_offset(&btf, "sk_buff", &["dev"])?,
+            dev_ifindex: member_offset(&btf, "net_device", &["ifindex"])?,
+            dev_net: member_offset(&btf, "net_device", &["nd_net", "net"])?,
+            net_inum: member_offset(&btf, "net", &["ns", "inum"])?,
+        };
+        let drop_reasons = drop_reasons(&btf);
+        Ok(Self { offsets, drop_reasons, btf })
+    }
+
+    /// Drop reasons exist since 5.17, together with the tracepoint's reason argument.
+    pub fn has_drop_reasons(&self) -> bool {
+        !self.drop_reasons.is_empty()
+    }
+}
+
+fn btf_error(what: String) -> DatapathError {
+    DatapathError::Btf { what, source: "not found in BTF".into() }
+}
+
+/// Byte offset of `path` (member names, one per nesting level) inside `struct name`.
+/// Anonymous structs and unions are searched through, as C lets code name their members directly.
+pub fn member_offset(btf: &Btf, name: &str, path: &[&str]) -> Result<u32, DatapathError> {
+    let describe = || format!("struct {name}.{}", path.join("."));
+    let mut current = find_struct(btf, name).ok_or_else(|| btf_error(describe()))?;
+    let mut bits = 0u32;
+    for (depth, field) in path.iter().enumerate() {
+        let (offset, member_type) =
+            find_member(btf, &current, field).ok_or_else(|| btf_error(describe()))?;
+        bits += offset;
+        if depth + 1 < path.len() {
+            current = match strip_modifiers(btf, member_type) {
+                Some(Type::Struct(s) | Type::Union(s)) => s,
+                _ => return Err(btf_error(describe())),
+            };
+        }
+    }
+    if bits % 8 != 0 {
+        return Err(DatapathError::Btf { what: describe(), source: "is a bitfield".into() });
+    }
+    Ok(bits / 8)
+}
+
+fn find_struct(btf: &Btf, name: &str) -> Option<btf_rs::Struct> {
+    btf.resolve_types_by_name(name).ok()?.into_iter().find_map(|t| match t {
+        // Forward declarations and empty duplicates carry no members.
+        Type::Struct(s) if !s.members.is_empty() => Some(s),
+        _ => None,
+    })
+}
+
+/// (bit offset, type) of the member named `field`, looking inside anonymous members.
+fn find_member(btf: &Btf, parent: &btf_rs::Struct, field: &str) -> Option<(u32, Type)> {
+    for member in &parent.members {
+        let member_name = btf.resolve_name(member).unwrap_or_default();
+        let member_type = btf.resolve_chained_type(member).ok()?;
+        if member_name == field {
+            return Some((member.bit_offset(), member_type));
+        }
+        if member_name.is_empty()
+            && let Type::Struct(inner) | Type::Union(inner) = &member_type
+            && let Some((offset, found)) = find_member(btf, inner, field)
+        {
+            return Some((member.bit_offset() + offset, found));
+        }
+    }
+    None
+}
+
+/// Follows typedefs and qualifiers to the type they name.
+fn strip_modifiers(btf: &Btf, mut current: Type) -> Option<Type> {
+    for _ in 0..16 {
+        current = match &current {
+            Type::Typedef(t) => btf.resolve_chained_type(t).ok()?,
+            Type::Const(t) | Type::Volatile(t) | Type::Restrict(t) => btf.resolve_chained_type(t).ok()?,
+            Type::TypeTag(t) => btf.resolve_chained_type(t).ok()?,
+            _ => return Some(current),
+        };
+    }
+    None
+}
+
+/// Reason names by value, from `enum skb_drop_reason` and the subsystem enums that extend it.
+fn drop_reasons(btf: &Btf) -> BTreeMap<u32, String> {
+    const ENUMS: &[(&str, &str)] = &[
+        ("skb_drop_reason", "SKB_DROP_REASON_"),
+        ("ovs_drop_reason", ""),
+        ("mac80211_drop_reason", ""),
+    ];
+    let mut reasons = BTreeMap::new();
+    for (enum_name, prefix) in ENUMS {
+        let Ok(types) = btf.resolve_types_by_name(enum_name) else { continue };
+        for t in types {
+            let Type::Enum(e) = t else { continue };
+            for member in &e.members {
+                let Ok(name) = btf.resolve_name(member) else { continue };
+                // Markers, not reasons.
+                if name.ends_with("_MAX") || name.ends_with("SUBSYS_MASK") {
+                    continue;
+                }
+                let name = name.strip_prefix(prefix).unwrap_or(&name).to_string();
+                reasons.entry(member.val()).or_insert(name);
+            }
+        }
+    }
+    reasons
+}
+
+/// Parses a tracepoint `format` file into the offsets of `skbaddr` and `reason`.
+pub fn parse_kfree_skb_format(format: &str) -> Result<TracepointLayout, DatapathError> {
+    let mut skbaddr = None;
+    let mut reason = None;
+    for line in format.lines() {
+        let line = line.trim();
+        let Some(rest) = line.strip_prefix("field:") else { continue };
+        let mut declaration = "";
+        let mut offset = None;
+        for part in rest.split(';') {
+            let part = part.trim();
+            if let Some(value) = part.strip_prefix("offset:") {
+                offset = value.trim().parse::<u32>().ok();
+            } else if declaration.is_empty() {
+                declaration = part;
+            }
+        }
+        let field = declaration.rsplit([' ', '*']).next().unwrap_or_default();
+        match field {
+            "skbaddr" => skbaddr = offset,
+            "reason" => reason = offset,
+            _ => {}
+        }
+    }
+    let skbaddr = skbaddr.ok_or_else(|| DatapathError::Tracepoint {
+        what: "kfree_skb format has no skbaddr field".into(),
+    })?;
+    Ok(TracepointLayout { skbaddr, reason })
+}
+
+/// Reads the classic tracepoint's format from tracefs (either mount point).
+pub fn read_kfree_skb_format() -> Result<TracepointLayout, DatapathError> {
+    let candidates =
+        ["/sys/kernel/tracing/events/skb/kfree_skb/format", "/sys/kernel/debug/tracing/events/skb/kfree_skb/format"];
+    for path in candidates {
+        if let Ok(text) = fs::read_to_string(path) {
+            return parse_kfree_skb_format(&text);
+        }
+    }
+    Err(DatapathError::Tracepoint { what: format!("no readable format file at {}", candidates.join(" or ")) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // From a 6.18 kernel (rx_sk arrived in 6.11).
+    const FORMAT_6_18: &str = "name: kfree_skb
+ID: 1510
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:void * skbaddr;\toffset:8;\tsize:8;\tsigned:0;
+\tfield:void * location;\toffset:16;\tsize:8;\tsigned:0;
+\tfield:void * rx_sk;\toffset:24;\tsize:8;\tsigned:0;
+\tfield:unsigned short protocol;\toffset:32;\tsize:2;\tsigned:0;
+\tfield:enum skb_drop_reason reason;\toffset:36;\tsize:4;\tsigned:0;
+";
+
+    // From a 6.1 kernel: no rx_sk, so reason sits earlier.
+    const FORMAT_6_1: &str = "\tfield:void * skbaddr;\toffset:8;\tsize:8;\tsigned:0;
+\tfield:void * location;\toffset:16;\tsize:8;\tsigned:0;
+\tfield:unsigned short protocol;\toffset:24;\tsize:2;\tsigned:0;
+\tfield:enum skb_drop_reason reason;\toffset:28;\tsize:4;\tsigned:0;
+";
+
+    // Before 5.17: no reason at all.
+    const FORMAT_5_10: &str = "\tfield:void * skbaddr;\toffset:8;\tsize:8;\tsigned:0;
+\tfield:void * location;\toffset:16;\tsize:8;\tsigned:0;
+\tfield:unsigned short protocol;\toffset:24;\tsize:2;\tsigned:0;
+";
+
+    #[test]
+    fn tracepoint_layouts_across_kernels() {
+        let cases = [
+            (FORMAT_6_18, TracepointLayout { skbaddr: 8, reason: Some(36) }),
+            (FORMAT_6_1, TracepointLayout { skbaddr: 8, reason: Some(28) }),
+            (FORMAT_5_10, TracepointLayout { skbaddr: 8, reason: None }),
+        ];
+        for (format, expected) in cases {
+            assert_eq!(parse_kfree_skb_format(format).unwrap(), expected);
+        }
+    }
+
+    #[test]
+    fn tracepoint_format_without_skbaddr_is_an_error() {
+        assert!(parse_kfree_skb_format("garbage\nfield:int x;\toffset:4;").is_err());
+    }
+
+    /// This machine's own kernel: offsets must match what pahole-style dumps show.
+    #[test]
+    fn resolves_offsets_and_reasons_from_running_kernel() {
+        if !Path::new(VMLINUX_BTF).exists() {
+            eprintln!("no {VMLINUX_BTF}: skipped");
+            return;
+        }
+        let layout = KernelLayout::from_vmlinux().unwrap();
+        // sk_buff.dev follows next and prev pointers on every kernel since 4.x.
+        assert_eq!(layout.offsets.skb_dev, 16);
+        assert!(layout.offsets.dev_ifindex > 0);
+        assert!(layout.offsets.net_inum > 0);
+        assert_eq!(layout.drop_reasons.get(&2).map(String::as_str), Some("NOT_SPECIFIED"));
+        assert!(layout.drop_reasons.values().any(|r| r == "NO_SOCKET"));
+        assert!(layout.drop_reasons.values().any(|r| r == "NETFILTER_DROP"));
+    }
+}

@@ -1,0 +1,424 @@
+//! Loads the kernel programs, attaches them, and reads their maps.
+//!
+//! The one place that talks to aya: everything downstream sees plain counters.
+
+pub mod kernel_layout;
+pub mod mounts;
+
+use std::{collections::BTreeMap, os::fd::OwnedFd};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    programs::{
+        BtfTracePoint, LinkOrder, ProgramError, SchedClassifier, TcAttachType, TracePoint,
+        tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions},
+    },
+    sys::{Stats, enable_stats},
+};
+use monitor_common::{
+    DROPS_MAP, DropKey, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON,
+    GLOBAL_NET_INUM_OFFSET, GLOBAL_SKB_DEV_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET,
+    INTERFACE_COUNTERS_MAP, InterfaceCounters, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM,
+    MAP_ERROR_SLOTS, MAP_ERRORS_MAP, TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM,
+};
+use serde::Serialize;
+use tracing::{debug, info, warn};
+
+use self::kernel_layout::{KernelLayout, read_kfree_skb_format};
+
+/// The kernel programs, built by build.rs from monitor-ebpf.
+static PROGRAMS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/monitor-ebpf"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    #[error("kernel BTF: {what}: {source}")]
+    Btf { what: String, source: Box<dyn std::error::Error + Send + Sync> },
+    #[error("skb:kfree_skb tracepoint: {what}")]
+    Tracepoint { what: String },
+    #[error("mounting {fstype} on {target}: {source}")]
+    Mount { target: &'static str, fstype: &'static str, source: std::io::Error },
+    #[error("loading the kernel programs: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program { name: &'static str, source: ProgramError },
+    #[error("map {name}: {source}")]
+    Map { name: &'static str, source: MapError },
+    #[error("{0} is missing from the kernel object")]
+    Missing(&'static str),
+    #[error("attaching to {interface}: tcx: {tcx}; clsact: {clsact}")]
+    Attach { interface: String, tcx: ProgramError, clsact: String },
+}
+
+/// How the tc programs hang on an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachMode {
+    /// BPF links (kernel >= 6.6): detached by the kernel when the agent exits.
+    Tcx,
+    /// Legacy clsact qdisc filters through netlink.
+    Clsact,
+}
+
+/// Whether each probe loaded on this kernel, and how.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProbeReport {
+    /// Keyed by probe name ("tc", "kfree_skb"): the variant in use, or None when unsupported.
+    pub probes: BTreeMap<&'static str, Option<String>>,
+    /// Why a probe is unsupported, for /readyz and the logs.
+    pub errors: BTreeMap<&'static str, String>,
+}
+
+/// Run-time statistics of one loaded program, from the kernel (BPF_ENABLE_STATS).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramRunStats {
+    pub program: &'static str,
+    pub runs: u64,
+    pub run_nanos: u64,
+}
+
+/// Everything the kernel counted, summed over CPUs, at one instant.
+#[derive(Clone, Debug, Default)]
+pub struct KernelCounters {
+    pub interfaces: BTreeMap<u32, InterfaceCounters>,
+    pub drops: Vec<(DropKey, u64)>,
+    pub programs: Vec<ProgramRunStats>,
+    /// Kernel-side map updates that failed, by `MAP_ERROR_*` slot.
+    pub map_errors: [u64; MAP_ERROR_SLOTS as usize],
+}
+
+struct AttachedInterface {
+    name: String,
+    links: Vec<(&'static str, SchedClassifierLinkId)>,
+    mode: AttachMode,
+}
+
+pub struct Datapath {
+    ebpf: Ebpf,
+    interface_counters: PerCpuHashMap<MapData, u32, InterfaceCounters>,
+    drops: PerCpuHashMap<MapData, DropKey, u64>,
+    map_errors: PerCpuArray<MapData, u64>,
+    attached: BTreeMap<u32, AttachedInterface>,
+    /// None until the first attach tells whether tcx works here.
+    tc_mode: Option<AttachMode>,
+    probes: ProbeReport,
+    drop_reasons: BTreeMap<u32, String>,
+    nr_cpus: usize,
+    /// Keeps the kernel's run-time statistics on while the agent runs.
+    _stats: Option<OwnedFd>,
+}
+
+const BPF_NOEXIST: u64 = 1;
+
+impl Datapath {
+    /// Loads every program, attaches the drop tracer (tp_btf, else the classic tracepoint),
+    /// and readies the tc programs for [`Datapath::attach`].
+    pub fn load() -> Result<Self, DatapathError> {
+        let layout = KernelLayout::from_vmlinux()?;
+        let has_reason = u32::from(layout.has_drop_reasons());
+        let tracepoint_layout = read_kfree_skb_format();
+        let (tp_skbaddr, tp_reason) = match &tracepoint_layout {
+            Ok(tp) => (tp.skbaddr, tp.reason.unwrap_or(0)),
+            Err(_) => (0, 0),
+        };
+        let offsets = layout.offsets;
+        debug!(?offsets, drop_reasons = layout.drop_reasons.len(), "kernel layout from BTF");
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_SKB_DEV_OFFSET, &offsets.skb_dev, true)
+            .override_global(GLOBAL_DEV_IFINDEX_OFFSET, &offsets.dev_ifindex, true)
+            .override_global(GLOBAL_DEV_NET_OFFSET, &offsets.dev_net, true)
+            .override_global(GLOBAL_NET_INUM_OFFSET, &offsets.net_inum, true)
+            .override_global(GLOBAL_TP_SKBADDR_OFFSET, &tp_skbaddr, true)
+            .override_global(GLOBAL_TP_REASON_OFFSET, &tp_reason, true)
+            .override_global(GLOBAL_HAS_REASON, &has_reason, true)
+            .load(PROGRAMS_OBJECT)?;
+
+        let mut probes = ProbeReport::default();
+        for name in [TC_INGRESS_PROGRAM, TC_EGRESS_PROGRAM] {
+            let program: &mut SchedClassifier = program_mut(&mut ebpf, name)?;
+            program.load().map_err(|source| DatapathError::Program { name, source })?;
+        }
+        // Becomes "tcx" or "clsact" at the first attach.
+        probes.probes.insert("tc", Some("loaded".into()));
+
+        match attach_drop_tracer(&mut ebpf) {
+            Ok(variant) => {
+                info!(variant, "drop tracer attached");
+                probes.probes.insert("kfree_skb", Some(variant.to_string()));
+            }
+            Err(reasons) => {
+                warn!(%reasons, "drop tracer unsupported on this kernel; drops are not counted");
+                probes.probes.insert("kfree_skb", None);
+                probes.errors.insert("kfree_skb", reasons);
+            }
+        }
+
+        let stats = match enable_stats(Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(error) => {
+                warn!(%error, "kernel BPF run-time statistics unavailable; program cost metrics stay at 0");
+                None
+            }
+        };
+
+        let interface_counters = take_map(&mut ebpf, INTERFACE_COUNTERS_MAP)?;
+        let drops = take_map(&mut ebpf, DROPS_MAP)?;
+        let map_errors = take_map(&mut ebpf, MAP_ERRORS_MAP)?;
+        let nr_cpus = aya::util::nr_cpus().map_err(|(_, error)| DatapathError::Map {
+            name: "nr_cpus",
+            source: MapError::SyscallError(aya::sys::SyscallError { call: "nr_cpus", io_error: error }),
+        })?;
+        Ok(Self {
+            ebpf,
+            interface_counters,
+            drops,
+            map_errors,
+            attached: BTreeMap::new(),
+            tc_mode: None,
+            probes,
+            drop_reasons: layout.drop_reasons,
+            nr_cpus,
+            _stats: stats,
+        })
+    }
+
+    /// The drop reason names of this kernel, by value (from BTF).
+    pub fn drop_reason_names(&self) -> &BTreeMap<u32, String> {
+        &self.drop_reasons
+    }
+
+    pub fn probes(&self) -> &ProbeReport {
+        &self.probes
+    }
+
+    pub fn is_attached(&self, ifindex: u32) -> bool {
+        self.attached.contains_key(&ifindex)
+    }
+
+    pub fn attached_count(&self) -> usize {
+        self.attached.len()
+    }
+
+    /// Attaches the tc programs on ingress and egress of `name`, before any other program.
+    pub fn attach(&mut self, ifindex: u32, name: &str) -> Result<AttachMode, DatapathError> {
+        if let Some(existing) = self.attached.get(&ifindex) {
+            if existing.name == name {
+                return Ok(existing.mode);
+            }
+            // Same ifindex under a new name: the links follow the device, keep them.
+            let mode = existing.mode;
+            if let Some(existing) = self.attached.get_mut(&ifindex) {
+                existing.name = name.to_string();
+            }
+            return Ok(mode);
+        }
+        self.ensure_counters_entry(ifindex)?;
+        let mut links = Vec::with_capacity(2);
+        let mut mode = self.tc_mode.unwrap_or(AttachMode::Tcx);
+        for (program_name, attach_type) in
+            [(TC_INGRESS_PROGRAM, TcAttachType::Ingress), (TC_EGRESS_PROGRAM, TcAttachType::Egress)]
+        {
+            match self.attach_one(program_name, name, attach_type, mode) {
+                Ok(link) => links.push((program_name, link)),
+                Err(error) => {
+                    self.detach_links(&mut links);
+                    return Err(error);
+                }
+            }
+            // The first attach decides the mode for the rest of the run.
+            mode = self.tc_mode.unwrap_or(mode);
+        }
+        let mode = self.tc_mode.unwrap_or(mode);
+        self.probes.probes.insert("tc", Some(format!("{mode:?}").to_lowercase()));
+        self.attached.insert(ifindex, AttachedInterface { name: name.to_string(), links, mode });
+        Ok(mode)
+    }
+
+    fn attach_one(
+        &mut self,
+        program_name: &'static str,
+        interface: &str,
+        attach_type: TcAttachType,
+        mode: AttachMode,
+    ) -> Result<SchedClassifierLinkId, DatapathError> {
+        let program: &mut SchedClassifier = program_mut(&mut self.ebpf, program_name)?;
+        let tcx_error = if mode == AttachMode::Tcx {
+            match program.attach_with_options(interface, attach_type, TcAttachOptions::TcxOrder(LinkOrder::first())) {
+                Ok(link) => {
+                    self.tc_mode.get_or_insert(AttachMode::Tcx);
+                    return Ok(link);
+                }
+                Err(error) => error,
+            }
+        } else {
+            ProgramError::AlreadyAttached
+        };
+        // Kernels before 6.6 have no tcx: fall back to a clsact qdisc.
+        if let Err(error) = tc::qdisc_add_clsact(interface) {
+            debug!(interface, %error, "clsact qdisc not added (usually: already there)");
+        }
+        let options = TcAttachOptions::Netlink(NlOptions::default());
+        match program.attach_with_options(interface, attach_type, options) {
+            Ok(link) => {
+                if self.tc_mode.is_none() {
+                    warn!(interface, %tcx_error, "tcx attach failed; using clsact for all interfaces");
+                    self.tc_mode = Some(AttachMode::Clsact);
+                }
+                Ok(link)
+            }
+            Err(clsact) => Err(DatapathError::Attach {
+                interface: interface.to_string(),
+                tcx: tcx_error,
+                clsact: clsact.to_string(),
+            }),
+        }
+    }
+
+    /// The agent creates the counters entry so the hot path only ever increments in place.
+    fn ensure_counters_entry(&mut self, ifindex: u32) -> Result<(), DatapathError> {
+        let zeros = PerCpuValues::try_from(vec![InterfaceCounters::default(); self.nr_cpus]).map_err(|error| {
+            DatapathError::Map {
+                name: INTERFACE_COUNTERS_MAP,
+                source: MapError::SyscallError(aya::sys::SyscallError { call: "per-cpu values", io_error: error }),
+            }
+        })?;
+        match self.interface_counters.insert(ifindex, zeros, BPF_NOEXIST) {
+            Ok(()) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            Err(source) => Err(DatapathError::Map { name: INTERFACE_COUNTERS_MAP, source }),
+        }
+    }
+
+    fn detach_links(&mut self, links: &mut Vec<(&'static str, SchedClassifierLinkId)>) {
+        for (program_name, link) in links.drain(..) {
+            if let Ok(program) = program_mut::<SchedClassifier>(&mut self.ebpf, program_name) {
+                // Fails harmlessly when the device is already gone (the kernel dropped the link).
+                if let Err(error) = program.detach(link) {
+                    debug!(program_name, %error, "detach");
+                }
+            }
+        }
+    }
+
+    /// Detaches from `ifindex` and returns its final counters (the kernel entry is removed).
+    pub fn detach(&mut self, ifindex: u32) -> Option<InterfaceCounters> {
+        let mut attached = self.attached.remove(&ifindex)?;
+        self.detach_links(&mut attached.links);
+        let last = self.interface_counters.get(&ifindex, 0).ok().map(|values| sum(values.iter()));
+        if let Err(error) = self.interface_counters.remove(&ifindex) {
+            debug!(ifindex, %error, "removing counters entry");
+        }
+        debug!(ifindex, name = attached.name, "detached");
+        last
+    }
+
+    /// Removes drop entries of devices that no longer exist, after their final read.
+    pub fn forget_drops<F: Fn(&DropKey) -> bool>(&mut self, gone: F) {
+        let keys: Vec<DropKey> = self.drops.keys().filter_map(Result::ok).filter(|k| gone(k)).collect();
+        for key in keys {
+            let _ = self.drops.remove(&key);
+        }
+    }
+
+    /// Drop counters by (netns, ifindex, reason), summed over CPUs.
+    pub fn read_drops(&self) -> Vec<(DropKey, u64)> {
+        let mut drops = Vec::new();
+        for entry in self.drops.iter() {
+            match entry {
+                Ok((key, values)) => drops.push((key, values.iter().sum())),
+                Err(error) => debug!(%error, "reading drop counters"),
+            }
+        }
+        drops
+    }
+
+    /// Reads every counter the kernel keeps, summed over CPUs.
+    pub fn read(&self) -> KernelCounters {
+        let mut counters = KernelCounters::default();
+        for entry in self.interface_counters.iter() {
+            match entry {
+                Ok((ifindex, values)) => {
+                    counters.interfaces.insert(ifindex, sum(values.iter()));
+                }
+                Err(error) => debug!(%error, "reading interface counters"),
+            }
+        }
+        counters.drops = self.read_drops();
+        for (slot, total) in counters.map_errors.iter_mut().enumerate() {
+            if let Ok(values) = self.map_errors.get(&(slot as u32), 0) {
+                *total = values.iter().sum();
+            }
+        }
+        for (name, program) in self.ebpf.programs() {
+            let Some(program_name) = known_program(name) else { continue };
+            if let Ok(info) = program.info() {
+                counters.programs.push(ProgramRunStats {
+                    program: program_name,
+                    runs: info.run_count(),
+                    run_nanos: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                });
+            }
+        }
+        counters
+    }
+}
+
+fn known_program(name: &str) -> Option<&'static str> {
+    [TC_INGRESS_PROGRAM, TC_EGRESS_PROGRAM, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM]
+        .into_iter()
+        .find(|known| *known == name)
+}
+
+fn sum<'a>(values: impl Iterator<Item = &'a InterfaceCounters>) -> InterfaceCounters {
+    values.fold(InterfaceCounters::default(), |mut total, cpu| {
+        total.add(cpu);
+        total
+    })
+}
+
+fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, DatapathError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    let program = ebpf.program_mut(name).ok_or(DatapathError::Missing(name))?;
+    program.try_into().map_err(|source| DatapathError::Program { name, source })
+}
+
+fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DatapathError>
+where
+    T: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(DatapathError::Missing(name))?;
+    T::try_from(map).map_err(|source| DatapathError::Map { name, source })
+}
+
+/// tp_btf first (cheaper, typed), else the classic tracepoint. Returns the variant used.
+fn attach_drop_tracer(ebpf: &mut Ebpf) -> Result<&'static str, String> {
+    let btf_error = match aya::Btf::from_sys_fs() {
+        Ok(btf) => {
+            let attached = program_mut::<BtfTracePoint>(ebpf, KFREE_SKB_BTF_PROGRAM).and_then(|program| {
+                program
+                    .load("kfree_skb", &btf)
+                    .and_then(|()| program.attach().map(drop))
+                    .map_err(|source| DatapathError::Program { name: KFREE_SKB_BTF_PROGRAM, source })
+            });
+            match attached {
+                Ok(()) => return Ok("tp_btf"),
+                Err(error) => error.to_string(),
+            }
+        }
+        Err(error) => error.to_string(),
+    };
+    debug!(%btf_error, "tp_btf kfree_skb unavailable, trying the classic tracepoint");
+    let attached = program_mut::<TracePoint>(ebpf, KFREE_SKB_TRACEPOINT_PROGRAM).and_then(|program| {
+        program
+            .load()
+            .and_then(|()| program.attach("skb", "kfree_skb").map(drop))
+            .map_err(|source| DatapathError::Program { name: KFREE_SKB_TRACEPOINT_PROGRAM, source })
+    });
+    match attached {
+        Ok(()) => Ok("tracepoint"),
+        Err(error) => Err(format!("tp_btf: {btf_error}; tracepoint: {error}")),
+    }
+}

@@ -1,0 +1,10 @@
+//! datapath-monitor: the agent as a library, one module per stage of the data flow:
+//! kernel programs (`datapath`) → per-interface samples (`sampler`) → exports (`metrics`, `api`).
+
+pub mod agent;
+pub mod api;
+pub mod config;
+pub mod datapath;
+pub mod interfaces;
+pub mod metrics;
+pub mod sampler;

@@ -1,0 +1,47 @@
+//! The `datapath-monitor` command line.
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use datapath_monitor::{
+    agent,
+    config::{Cli, Command, Config, LogFormat},
+};
+use tracing_subscriber::EnvFilter;
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => match Config::resolve(args) {
+            Ok(config) => {
+                init_logging(config.log_format);
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .map_err(anyhow::Error::from)
+                    .and_then(|runtime| runtime.block_on(agent::run(config)))
+            }
+            Err(error) => Err(error.into()),
+        },
+        Command::Incidents { .. } | Command::Status { .. } => {
+            Err(anyhow::anyhow!("not available yet in this version: see `datapath-monitor run`"))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("datapath-monitor: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! /metrics: the latest [`Sample`] as OpenMetrics text (prometheus-client).
+//!
+//! Kernel counters are absolute, so each scrape encodes constant metrics from the sample
+//! instead of keeping a second set of counters in user space.
+
+use std::sync::{Arc, RwLock};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric, text::encode},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+    registry::Registry,
+};
+
+use crate::sampler::{OTHER_INTERFACE, Sample, map_error_name};
+
+/// The latest sample, shared between the sampler (writer) and scrapes (readers).
+pub type SharedSample = Arc<RwLock<Arc<Sample>>>;
+
+#[derive(Debug)]
+struct SampleCollector {
+    sample: SharedSample,
+}
+
+pub struct Metrics {
+    registry: Registry,
+}
+
+impl Metrics {
+    pub fn new(sample: SharedSample) -> Self {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(SampleCollector { sample }));
+        Self { registry }
+    }
+
+    /// OpenMetrics text, ending in `# EOF`.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut body = String::with_capacity(16 * 1024);
+        encode(&mut body, &self.registry)?;
+        Ok(body)
+    }
+}
+
+type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+fn counter<'a>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl Iterator<Item = (Labels<'a>, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in series {
+        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge<'a>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl Iterator<Item = (Labels<'a>, i64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in series {
+        ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for SampleCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let sample = match self.sample.read() {
+            Ok(guard) => Arc::clone(&guard),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        };
+        let directions = |series: &crate::sampler::InterfaceSeries| {
+            [("ingress", series.counters.ingress), ("egress", series.counters.egress)]
+        };
+        let per_direction = |pick: fn(&monitor_common::DirectionCounters) -> u64| {
+            sample.interfaces.iter().flat_map(move |s| {
+                directions(s).into_iter().map(move |(direction, counters)| {
+                    let labels: Labels = vec![
+                        ("interface", s.interface.as_str()),
+                        ("direction", direction),
+                        ("pod_namespace", s.pod_namespace.as_str()),
+                        ("pod", s.pod.as_str()),
+                    ];
+                    (labels, pick(&counters))
+                })
+            })
+        };
+        counter(&mut encoder, "datapath_packets", "Packets seen by tc on watched interfaces.", per_direction(|c| c.packets))?;
+        counter(&mut encoder, "datapath_bytes", "Bytes (skb length) seen by tc on watched interfaces.", per_direction(|c| c.bytes))?;
+        counter(&mut encoder, "datapath_tcp_resets", "TCP segments carrying RST.", per_direction(|c| c.tcp_resets))?;
+        counter(
+            &mut encoder,
+            "datapath_tcp_syn_retransmits",
+            "SYNs repeating an earlier unanswered SYN of the same flow.",
+            sample.interfaces.iter().map(|s| {
+                let labels: Labels = vec![
+                    ("interface", s.interface.as_str()),
+                    ("pod_namespace", s.pod_namespace.as_str()),
+                    ("pod", s.pod.as_str()),
+                ];
+                (labels, s.counters.ingress.syn_retransmits + s.counters.egress.syn_retransmits)
+            }),
+        )?;
+        let watched_drops = sample.interfaces.iter().flat_map(|s| {
+            s.drops.iter().map(move |(reason, count)| {
+                let labels: Labels = vec![
+                    ("interface", s.interface.as_str()),
+                    ("reason", reason.as_str()),
+                    ("pod_namespace", s.pod_namespace.as_str()),
+                    ("pod", s.pod.as_str()),
+                ];
+                (labels, *count)
+            })
+        });
+        let other_drops = sample.other_drops.iter().map(|(reason, count)| {
+            let labels: Labels =
+                vec![("interface", OTHER_INTERFACE), ("reason", reason.as_str()), ("pod_namespace", ""), ("pod", "")];
+            (labels, *count)
+        });
+        counter(
+            &mut encoder,
+            "datapath_drops",
+            "Packets the kernel dropped (kfree_skb), by device and drop reason.",
+            watched_drops.chain(other_drops),
+        )?;
+        gauge(
+            &mut encoder,
+            "datapath_interfaces_attached",
+            "Interfaces the tc programs are attached to.",
+            std::iter::once((Labels::new(), i64::try_from(sample.attached).unwrap_or(i64::MAX))),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_bpf_program_runs",
+            "Runs of each kernel program (kernel BPF statistics).",
+            sample.programs.iter().map(|p| (vec![("program", p.program)], p.runs)),
+        )?;
+        let mut family = encoder.encode_descriptor(
+            "datapath_bpf_program_run_seconds",
+            "Time spent in each kernel program (kernel BPF statistics).",
+            None,
+            MetricType::Counter,
+        )?;
+        for program in &sample.programs {
+            let labels: Labels = vec![("program", program.program)];
+            ConstCounter::new(program.run_nanos as f64 / 1e9).encode(family.encode_family(&labels)?)?;
+        }
+        gauge(
+            &mut encoder,
+            "datapath_probe_loaded",
+            "1 when the probe is loaded, 0 when this kernel does not support it.",
+            sample.probes.probes.iter().map(|(probe, variant)| (vec![("probe", *probe)], i64::from(variant.is_some()))),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_bpf_map_update_errors",
+            "Kernel-side map updates that failed (map full): counts lost, never silently.",
+            sample
+                .map_errors
+                .iter()
+                .enumerate()
+                .filter_map(|(slot, count)| map_error_name(slot).map(|map| (vec![("map", map)], *count))),
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,296 @@
+//! Harness for the end-to-end tests: network namespaces, veth pods, the real agent
+//! binary, real traffic, and a reader for its /metrics.
+//!
+//! Tests using it are `#[ignore]`d so plain `cargo test` needs no root; `cargo xtask test`
+//! runs them as root with `--ignored`, and fails in CI rather than skip them.
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    os::fd::AsFd,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use nix::sched::{CloneFlags, setns};
+
+pub const AGENT_PORT: u16 = 9781;
+
+/// Runs a command, failing with its stderr when it fails.
+pub fn sh(args: &[&str]) -> Result<String> {
+    let output = Command::new(args[0]).args(&args[1..]).output().with_context(|| format!("running {args:?}"))?;
+    ensure!(
+        output.status.success(),
+        "{args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "end-to-end tests need root: run `sudo -E cargo xtask test`");
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A short unique suffix: namespaces and interfaces of one test never collide with another's.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}{}x{}", std::process::id() % 100_000, COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A network namespace, deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(prefix: &str) -> Result<Self> {
+        let name = unique(prefix);
+        sh(&["ip", "netns", "add", &name])?;
+        let ns = Self { name };
+        // Quiet namespaces: no IPv6 autoconfiguration noise in exact counts.
+        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"])?;
+        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"])?;
+        ns.exec(&["ip", "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn exec(&self, args: &[&str]) -> Result<String> {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend_from_slice(args);
+        sh(&full)
+    }
+
+    /// Runs `f` on a thread that has entered this namespace (sockets it opens live there).
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        let file = File::open(format!("/run/netns/{}", self.name)).context("opening netns")?;
+        thread::spawn(move || {
+            setns(file.as_fd(), CloneFlags::CLONE_NEWNET).context("setns")?;
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("thread in netns panicked"))?
+    }
+
+    pub fn inode(&self) -> Result<u64> {
+        Ok(std::fs::metadata(format!("/run/netns/{}", self.name))?.ino())
+    }
+}
+
+use std::os::unix::fs::MetadataExt as _;
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// A pod: its own netns, linked to `host` by a veth named as CNI plugins name them.
+pub struct Pod {
+    pub ns: Netns,
+    /// Host-side veth name.
+    pub veth: String,
+    pub host_ip: String,
+    pub pod_ip: String,
+}
+
+impl Pod {
+    /// `index` picks the /30 subnet 10.77.index.0 so pods of one test do not overlap.
+    pub fn new(host: &Netns, index: u8) -> Result<Self> {
+        let ns = Netns::new("dmtp")?;
+        let veth = format!("veth{:08x}", u32::from(index) << 16 | (std::process::id() & 0xffff));
+        let host_ip = format!("10.77.{index}.1");
+        let pod_ip = format!("10.77.{index}.2");
+        host.exec(&["ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns.name])?;
+        host.exec(&["ip", "addr", "add", &format!("{host_ip}/30"), "dev", &veth])?;
+        ns.exec(&["ip", "addr", "add", &format!("{pod_ip}/30"), "dev", "eth0"])?;
+        host.exec(&["ip", "link", "set", &veth, "up"])?;
+        ns.exec(&["ip", "link", "set", "eth0", "up"])?;
+        // Static neighbours: no ARP in exact counts.
+        let host_mac = mac_of(host, &veth)?;
+        let pod_mac = mac_of(&ns, "eth0")?;
+        host.exec(&["ip", "neigh", "replace", &pod_ip, "lladdr", &pod_mac, "dev", &veth, "nud", "permanent"])?;
+        ns.exec(&["ip", "neigh", "replace", &host_ip, "lladdr", &host_mac, "dev", "eth0", "nud", "permanent"])?;
+        Ok(Self { ns, veth, host_ip, pod_ip })
+    }
+}
+
+fn mac_of(ns: &Netns, dev: &str) -> Result<String> {
+    Ok(ns.exec(&["cat", &format!("/sys/class/net/{dev}/address")])?.trim().to_string())
+}
+
+/// The agent binary under test (built by `cargo xtask test`).
+pub fn agent_binary() -> Result<PathBuf> {
+    let path = std::env::var_os("DATAPATH_MONITOR_BIN")
+        .map(PathBuf::from)
+        .context("DATAPATH_MONITOR_BIN is not set: run the end-to-end tests through `cargo xtask test`")?;
+    ensure!(path.exists(), "{} does not exist", path.display());
+    Ok(path)
+}
+
+/// The real agent, running inside `ns`; stopped with SIGTERM on drop.
+pub struct Agent<'a> {
+    pub ns: &'a Netns,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl<'a> Agent<'a> {
+    pub fn start(ns: &'a Netns, extra: &[&str]) -> Result<Self> {
+        let binary = agent_binary()?;
+        let log = std::env::temp_dir().join(format!("{}-agent.log", ns.name));
+        let log_file = File::create(&log)?;
+        let listen = format!("127.0.0.1:{AGENT_PORT}");
+        let mut args: Vec<&str> = vec!["netns", "exec", &ns.name];
+        let binary_str = binary.to_str().context("binary path")?;
+        args.extend([binary_str, "run", "--listen", &listen, "--removed-interface-grace-seconds", "2"]);
+        args.extend_from_slice(extra);
+        let child = Command::new("ip")
+            .args(&args)
+            .env("RUST_LOG", "info,datapath_monitor=debug")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .context("starting the agent")?;
+        let mut agent = Self { ns, child: Some(child), log };
+        agent.wait_ready(Duration::from_secs(30))?;
+        Ok(agent)
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!("agent exited during start-up with {status}:\n{}", self.log_text());
+            }
+            if let Ok((200, _)) = self.get("/readyz") {
+                return Ok(());
+            }
+            ensure!(Instant::now() < deadline, "agent not ready after {timeout:?}:\n{}", self.log_text());
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// HTTP GET on the agent, from inside its namespace.
+    pub fn get(&self, path: &str) -> Result<(u16, String)> {
+        let path = path.to_string();
+        self.ns.run(move || http_get(&path))?
+    }
+
+    pub fn metrics(&self) -> Result<Metrics> {
+        let (status, body) = self.get("/metrics")?;
+        ensure!(status == 200, "/metrics answered {status}");
+        Metrics::parse(&body)
+    }
+
+    /// Polls /metrics until `done` holds, then returns that scrape.
+    pub fn wait_metrics(&self, what: &str, done: impl Fn(&Metrics) -> bool) -> Result<Metrics> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let metrics = self.metrics()?;
+            if done(&metrics) {
+                return Ok(metrics);
+            }
+            ensure!(Instant::now() < deadline, "timed out waiting for {what}; last scrape:\n{}", metrics.text);
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
+        let mut child = self.child.take().context("agent already stopped")?;
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("agent did not exit within 10 s of SIGTERM:\n{}", self.log_text());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Agent<'_> {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
+
+fn http_get(path: &str) -> Result<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", AGENT_PORT))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").context("malformed HTTP response")?;
+    let status = head.split_whitespace().nth(1).context("no status")?.parse()?;
+    Ok((status, body.to_string()))
+}
+
+/// One scrape of /metrics, as samples keyed by name and labels.
+pub struct Metrics {
+    pub text: String,
+    pub samples: Vec<(String, BTreeMap<String, String>, f64)>,
+}
+
+impl Metrics {
+    pub fn parse(text: &str) -> Result<Self> {
+        let mut samples = Vec::new();
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+            let (series, value) = line.rsplit_once(' ').context("sample line without value")?;
+            let (name, labels) = match series.split_once('{') {
+                Some((name, rest)) => (name, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let mut map = BTreeMap::new();
+            for pair in labels.split("\",").filter(|p| !p.is_empty()) {
+                let (key, value) = pair.split_once('=').context("label without =")?;
+                map.insert(key.to_string(), value.trim_matches('"').to_string());
+            }
+            samples.push((name.to_string(), map, value.parse()?));
+        }
+        Ok(Self { text: text.to_string(), samples })
+    }
+
+    /// Sum of the samples named `name` whose labels include all of `labels`.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.samples
+            .iter()
+            .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+            .map(|(_, _, v)| v)
+            .sum()
+    }
+
+    pub fn has(&self, name: &str, labels: &[(&str, &str)]) -> bool {
+        self.samples
+            .iter()
+            .any(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+    }
+}
+
+/// Waits `settle`, then scrapes again: proves a count that reached its target stays there.
+pub fn settle() {
+    thread::sleep(Duration::from_millis(700));
+}

@@ -1,0 +1,290 @@
+//! End-to-end: the real agent on real veths, with real traffic and real drops.
+//! Each test builds its own namespaces; counts are exact.
+
+use std::{
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    os::fd::AsRawFd as _,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, ensure};
+use datapath_monitor_tests::{Agent, Netns, Pod, require_root, settle, sh};
+
+const PAYLOAD: usize = 100;
+/// Ethernet (14) + IPv4 (20) + UDP (8) + payload: skb->len on a veth.
+const FRAME: f64 = (14 + 20 + 8 + PAYLOAD) as f64;
+
+fn addr(ip: &str, port: u16) -> SocketAddr {
+    format!("{ip}:{port}").parse().expect("test address")
+}
+
+/// Sends `count` UDP datagrams of PAYLOAD bytes from inside `from` to `to`.
+fn send_udp(from: &Netns, to: SocketAddr, count: usize) -> Result<()> {
+    from.run(move || -> Result<()> {
+        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        for _ in 0..count {
+            socket.send_to(&[0x5a; PAYLOAD], to)?;
+        }
+        Ok(())
+    })?
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn packets_and_bytes_are_counted_exactly_per_direction() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmth")?;
+    let pod = Pod::new(&host, 1)?;
+    let agent = Agent::start(&host, &[])?;
+    let sent = 100;
+
+    // A listener on the host, so nothing is dropped and nothing (ICMP) comes back.
+    let listener = host.run(|| UdpSocket::bind("0.0.0.0:5001"))??;
+    send_udp(&pod.ns, addr(&pod.host_ip, 5001), sent)?;
+    let ingress = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    agent.wait_metrics("ingress packets", |m| m.value("datapath_packets_total", &ingress) >= sent as f64)?;
+    settle();
+    let m = agent.metrics()?;
+    let egress = [("interface", pod.veth.as_str()), ("direction", "egress")];
+    assert_eq!(m.value("datapath_packets_total", &ingress), sent as f64, "{}", m.text);
+    assert_eq!(m.value("datapath_bytes_total", &ingress), sent as f64 * FRAME, "{}", m.text);
+    assert_eq!(m.value("datapath_packets_total", &egress), 0.0, "{}", m.text);
+
+    // And the other way: host to pod is egress on the host-side veth.
+    let pod_listener = pod.ns.run(|| UdpSocket::bind("0.0.0.0:5002"))??;
+    send_udp(&host, addr(&pod.pod_ip, 5002), 40)?;
+    agent.wait_metrics("egress packets", |m| m.value("datapath_packets_total", &egress) >= 40.0)?;
+    settle();
+    let m = agent.metrics()?;
+    assert_eq!(m.value("datapath_packets_total", &egress), 40.0, "{}", m.text);
+    assert_eq!(m.value("datapath_bytes_total", &egress), 40.0 * FRAME, "{}", m.text);
+    assert_eq!(m.value("datapath_packets_total", &ingress), sent as f64, "{}", m.text);
+    drop((listener, pod_listener));
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn resets_from_a_closed_port_are_counted_on_the_right_direction() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmth")?;
+    let pod = Pod::new(&host, 2)?;
+    let agent = Agent::start(&host, &[])?;
+    let attempts = 5;
+    let target = addr(&pod.host_ip, 5999);
+    pod.ns.run(move || {
+        for _ in 0..attempts {
+            let refused = TcpStream::connect_timeout(&target, Duration::from_secs(2));
+            assert!(refused.is_err(), "port 5999 should be closed");
+        }
+    })?;
+    let egress = [("interface", pod.veth.as_str()), ("direction", "egress")];
+    agent.wait_metrics("resets", |m| m.value("datapath_tcp_resets_total", &egress) >= attempts as f64)?;
+    settle();
+    let m = agent.metrics()?;
+    assert_eq!(m.value("datapath_tcp_resets_total", &egress), attempts as f64, "{}", m.text);
+    let ingress = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    assert_eq!(m.value("datapath_tcp_resets_total", &ingress), 0.0, "{}", m.text);
+    // A refused SYN is answered: never a retransmit.
+    assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &[("interface", &pod.veth)]), 0.0, "{}", m.text);
+    Ok(())
+}
+
+/// Connects with TCP_SYNCNT = `syn_retries`: the kernel sends exactly that many retransmits
+/// before giving up, so the expected count does not depend on timing.
+fn connect_with_syn_retries(target: SocketAddr, syn_retries: i32) -> std::io::Result<TcpStream> {
+    // SAFETY: plain socket syscalls on a descriptor we own.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let retries = syn_retries;
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_SYNCNT,
+            (&raw const retries).cast(),
+            std::mem::size_of::<i32>() as u32,
+        );
+        let SocketAddr::V4(v4) = target else { unreachable!("IPv4 test address") };
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
+            sin_zero: [0; 8],
+        };
+        let rc = libc::connect(fd, (&raw const sin).cast(), std::mem::size_of::<libc::sockaddr_in>() as u32);
+        let result = if rc == 0 {
+            Ok(std::os::fd::FromRawFd::from_raw_fd(fd))
+        } else {
+            let error = std::io::Error::last_os_error();
+            libc::close(fd);
+            Err(error)
+        };
+        result
+    }
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn syn_retransmits_into_a_drop_rule_are_counted_and_healthy_connects_are_not() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmth")?;
+    let pod = Pod::new(&host, 3)?;
+    host.exec(&["iptables", "-A", "INPUT", "-p", "tcp", "--dport", "7777", "-j", "DROP"])?;
+    let agent = Agent::start(&host, &[])?;
+    let interface = [("interface", pod.veth.as_str())];
+
+    // Healthy: a listener answers; no retransmit.
+    let listener = host.run(|| TcpListener::bind("0.0.0.0:7000"))??;
+    let healthy = addr(&pod.host_ip, 7000);
+    pod.ns.run(move || {
+        for _ in 0..3 {
+            let stream = connect_with_syn_retries(healthy, 1).expect("healthy connect");
+            drop(stream);
+        }
+    })?;
+    let ingress = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    agent.wait_metrics("handshake packets", |m| m.value("datapath_packets_total", &ingress) >= 6.0)?;
+    settle();
+    let m = agent.metrics()?;
+    assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &interface), 0.0, "{}", m.text);
+
+    // Dropped: SYN + 2 retransmits, then the kernel gives up (1 s + 2 s + 4 s).
+    let dropped = addr(&pod.host_ip, 7777);
+    let started = Instant::now();
+    let outcome = pod.ns.run(move || connect_with_syn_retries(dropped, 2).map(drop))?;
+    ensure!(outcome.is_err(), "connect through a DROP rule should time out");
+    eprintln!("connect gave up after {:?}", started.elapsed());
+    agent.wait_metrics("retransmits", |m| m.value("datapath_tcp_syn_retransmits_total", &interface) >= 2.0)?;
+    settle();
+    let m = agent.metrics()?;
+    assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &interface), 2.0, "{}", m.text);
+    // All three SYNs were dropped by iptables on the host side of this veth.
+    let netfilter = [("interface", pod.veth.as_str()), ("reason", "NETFILTER_DROP")];
+    assert_eq!(m.value("datapath_drops_total", &netfilter), 3.0, "{}", m.text);
+    drop(listener);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn udp_to_closed_ports_counts_no_socket_drops_on_both_sides() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmth")?;
+    let pod = Pod::new(&host, 4)?;
+    let agent = Agent::start(&host, &[])?;
+    let no_socket = [("interface", pod.veth.as_str()), ("reason", "NO_SOCKET")];
+
+    // Pod to a closed host port: dropped in the host namespace on the host-side veth.
+    send_udp(&pod.ns, addr(&pod.host_ip, 6001), 20)?;
+    agent.wait_metrics("host-side drops", |m| m.value("datapath_drops_total", &no_socket) >= 20.0)?;
+    settle();
+    let m = agent.metrics()?;
+    assert_eq!(m.value("datapath_drops_total", &no_socket), 20.0, "{}", m.text);
+
+    // Host to a closed pod port: dropped inside the pod on eth0, attributed to its veth.
+    send_udp(&host, addr(&pod.pod_ip, 6002), 15)?;
+    agent.wait_metrics("pod-side drops", |m| m.value("datapath_drops_total", &no_socket) >= 35.0)?;
+    settle();
+    let m = agent.metrics()?;
+    assert_eq!(m.value("datapath_drops_total", &no_socket), 35.0, "{}", m.text);
+    Ok(())
+}
+
+fn count_programs(name: &str) -> Result<usize> {
+    Ok(sh(&["bpftool", "prog", "show"])?.lines().filter(|l| l.contains(&format!(" name {name} "))).count())
+}
+
+/// tcx links (ingress and egress) on any interface of the machine.
+fn count_tcx_links() -> Result<usize> {
+    Ok(sh(&["bpftool", "link", "show"])?.lines().filter(|l| l.contains("attach_type tcx_")).count())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
+    require_root();
+    let programs_before = count_programs("tc_ingress")?;
+    let links_before = count_tcx_links()?;
+    let host = Netns::new("dmth")?;
+    let pods = Netns::new("dmtc")?;
+    let mut agent = Agent::start(&host, &[])?;
+    let base = agent.metrics()?.value("datapath_interfaces_attached", &[]);
+    let pairs = 50;
+    let names: Vec<String> = (0..pairs).map(|i| format!("veth{:04x}{i:04x}", std::process::id() & 0xffff)).collect();
+
+    let mut latencies = Vec::with_capacity(pairs);
+    for (i, name) in names.iter().enumerate() {
+        let created = Instant::now();
+        host.exec(&["ip", "link", "add", name, "type", "veth", "peer", "name", &format!("p{i}"), "netns", &pods.name])?;
+        host.exec(&["ip", "link", "set", name, "up"])?;
+        let deadline = created + Duration::from_secs(10);
+        loop {
+            let (_, body) = agent.get("/api/v1/interfaces")?;
+            let interfaces: serde_json::Value = serde_json::from_str(&body)?;
+            let attached = interfaces.as_array().into_iter().flatten().any(|i| {
+                i["link"]["name"] == name.as_str() && !i["attach_mode"].is_null()
+            });
+            if attached {
+                latencies.push(created.elapsed());
+                break;
+            }
+            ensure!(Instant::now() < deadline, "{name} not attached after 10 s:\n{}", agent.log_text());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    latencies.sort();
+    eprintln!(
+        "attach latency over {pairs} veths (creation to visible in /api/v1/interfaces, incl. `ip` runtime): \
+         p50 {:?}, p95 {:?}, max {:?}",
+        latencies[pairs / 2],
+        latencies[pairs * 95 / 100],
+        latencies[pairs - 1]
+    );
+    let m = agent.wait_metrics("all attached", |m| m.value("datapath_interfaces_attached", &[]) == base + pairs as f64)?;
+    drop(m);
+    assert_eq!(count_programs("tc_ingress")?, programs_before + 1, "one program, many links");
+    assert_eq!(count_tcx_links()?, links_before + 2 * (base as usize + pairs), "{}", sh(&["bpftool", "link", "show"])?);
+
+    for name in &names {
+        host.exec(&["ip", "link", "del", name])?;
+    }
+    agent.wait_metrics("all detached", |m| m.value("datapath_interfaces_attached", &[]) == base)?;
+    let status = agent.stop()?;
+    assert!(status.success(), "agent exit: {status}\n{}", agent.log_text());
+    assert_eq!(count_programs("tc_ingress")?, programs_before, "programs leaked:\n{}", sh(&["bpftool", "prog", "show"])?);
+    assert_eq!(count_tcx_links()?, links_before, "links leaked:\n{}", sh(&["bpftool", "link", "show"])?);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn metrics_are_valid_openmetrics_with_every_family() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmth")?;
+    let pod = Pod::new(&host, 5)?;
+    let agent = Agent::start(&host, &[])?;
+    send_udp(&pod.ns, addr(&pod.host_ip, 6003), 3)?;
+    agent.wait_metrics("drops", |m| m.has("datapath_drops_total", &[("interface", &pod.veth)]))?;
+    let (status, body) = agent.get("/metrics")?;
+    assert_eq!(status, 200);
+    let exposition = openmetrics_parser::openmetrics::parse_openmetrics(&body)
+        .map_err(|error| anyhow::anyhow!("invalid OpenMetrics: {error:?}\n{body}"))?;
+    for family in [
+        "datapath_packets",
+        "datapath_bytes",
+        "datapath_drops",
+        "datapath_tcp_resets",
+        "datapath_tcp_syn_retransmits",
+        "datapath_interfaces_attached",
+        "datapath_bpf_program_runs",
+        "datapath_bpf_program_run_seconds",
+    ] {
+        ensure!(exposition.families.contains_key(family), "family {family} missing:\n{body}");
+    }
+    let m = agent.metrics()?;
+    ensure!(m.value("datapath_bpf_program_runs_total", &[("program", "tc_ingress")]) >= 3.0, "{body}");
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! `cargo xtask`: the project's tasks in Rust, so that setting up, building, running and
+//! testing work the same on a laptop, a lab VM and CI.
+
+mod build;
+mod command;
+mod run;
+mod setup;
+mod test;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    about = "Project tasks for datapath-monitor",
+    disable_help_subcommand = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need: system packages, nightly rust-src, bpf-linker.
+    Setup {
+        /// Only report; exit non-zero when something is missing.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build the agent (its build.rs builds the kernel programs).
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build the agent and run it in the foreground (needs root).
+    Run {
+        #[arg(long)]
+        release: bool,
+        /// Arguments for `datapath-monitor run`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// fmt, clippy (host and eBPF), unit tests, then privileged end-to-end tests.
+    Test {
+        /// Only fmt, clippy and unit tests.
+        #[arg(long, conflicts_with = "e2e")]
+        unit: bool,
+        /// Only the agent build and the privileged end-to-end tests.
+        #[arg(long)]
+        e2e: bool,
+        /// Test-name filter for the end-to-end tests.
+        #[arg(last = true, conflicts_with = "unit")]
+        filter: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().task {
+        Task::Setup { check } => setup::setup(check),
+        Task::Build { release } => build::build(release).map(|_agent| ()),
+        Task::Run { release, args } => run::run(release, &args),
+        Task::Test { unit, e2e, filter } => test::test(
+            test::Selection {
+                unit: !e2e,
+                e2e: !unit,
+            },
+            &filter,
+        ),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // The message and its causes, without the backtrace anyhow adds when RUST_BACKTRACE is set.
+            eprintln!("error: {error}");
+            for cause in error.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! `cargo xtask test`: everything CI runs, in order, stopping at the first failure: fmt,
+//! clippy (host and eBPF), unit tests, then the privileged end-to-end tests against the
+//! real agent binary.
+
+use std::{
+    env,
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::{
+    build,
+    command::{self, Workspace},
+    setup,
+};
+
+/// Only for the bpf target; the agent's build.rs builds it, step "clippy (eBPF)" lints it.
+const EBPF_PACKAGE: &str = "monitor-ebpf";
+const E2E_PACKAGE: &str = "datapath-monitor-tests";
+/// How the end-to-end tests find the agent they start.
+const AGENT_BIN_VAR: &str = "DATAPATH_MONITOR_BIN";
+
+/// Which halves of the run to do: `--unit` is fmt, clippy and unit tests; `--e2e` the rest.
+pub struct Selection {
+    pub unit: bool,
+    pub e2e: bool,
+}
+
+/// `cargo xtask test [--unit | --e2e] [-- FILTER]`.
+pub fn test(selection: Selection, filter: &[String]) -> anyhow::Result<()> {
+    let Selection { unit, e2e } = selection;
+    setup::ensure_ready()?;
+    let workspace = Workspace::locate()?;
+    let mut report = Report::default();
+    if unit {
+        report.step("fmt", || fmt(&workspace))?;
+        report.step("clippy", || clippy(&workspace))?;
+        report.step("clippy (eBPF, nightly)", || clippy_ebpf(&workspace))?;
+        report.step("unit tests", || unit_tests(&workspace))?;
+    }
+    if e2e {
+        let mut agent = None;
+        report.step("build agent", || {
+            agent = Some(build::build_agent(&workspace, false)?);
+            Ok(Outcome::Passed)
+        })?;
+        let agent = agent.context("the agent build step returned no binary")?;
+        report.step("end-to-end tests", || {
+            end_to_end_tests(&workspace, &agent, filter)
+        })?;
+    }
+    report.finish();
+    Ok(())
+}
+
+/// Cargo in the workspace root, whatever directory `cargo xtask` was started from.
+fn cargo_in(workspace: &Workspace) -> Command {
+    let mut cargo = command::cargo();
+    cargo.current_dir(&workspace.root);
+    cargo
+}
+
+fn fmt(workspace: &Workspace) -> anyhow::Result<Outcome> {
+    if !command::succeeds(command::cargo().args(["fmt", "--version"])) {
+        return Ok(Outcome::Skipped(
+            "fmt: rustfmt is not installed (rustup component add rustfmt)".to_owned(),
+        ));
+    }
+    command::run(cargo_in(workspace).args(["fmt", "--all", "--check"]))?;
+    Ok(Outcome::Passed)
+}
+
+fn clippy(workspace: &Workspace) -> anyhow::Result<Outcome> {
+    // --workspace ignores default-members, so the bpf-only crate is excluded by name.
+    command::run(cargo_in(workspace).args([
+        "clippy",
+        "--workspace",
+        "--exclude",
+        EBPF_PACKAGE,
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    Ok(Outcome::Passed)
+}
+
+fn clippy_ebpf(workspace: &Workspace) -> anyhow::Result<Outcome> {
+    let mut clippy = cargo_in(workspace);
+    // aya-ebpf picks its per-architecture code (pt_regs layouts) from this cfg.
+    clippy.env(
+        "CARGO_ENCODED_RUSTFLAGS",
+        format!("--cfg=bpf_target_arch=\"{}\"", env::consts::ARCH),
+    );
+    clippy.args([
+        "+nightly",
+        "clippy",
+        "--package",
+        EBPF_PACKAGE,
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    command::run(&mut clippy)?;
+    Ok(Outcome::Passed)
+}
+
+fn unit_tests(workspace: &Workspace) -> anyhow::Result<Outcome> {
+    // Privileged tests are #[ignore]d, so this needs no root.
+    command::run(cargo_in(workspace).args(["test", "--workspace", "--exclude", EBPF_PACKAGE]))?;
+    Ok(Outcome::Passed)
+}
+
+fn end_to_end_tests(
+    workspace: &Workspace,
+    agent: &Path,
+    filter: &[String],
+) -> anyhow::Result<Outcome> {
+    if !command::is_root() {
+        if running_in_ci() {
+            bail!("privileged end-to-end tests need root; CI never skips them");
+        }
+        return Ok(Outcome::Skipped(
+            "privileged end-to-end tests need root (run sudo -E cargo xtask test)".to_owned(),
+        ));
+    }
+    let mut test = cargo_in(workspace);
+    // One at a time: the tests share the host's interfaces, eBPF attach points and ports.
+    test.env(AGENT_BIN_VAR, agent)
+        .args([
+            "test",
+            "--package",
+            E2E_PACKAGE,
+            "--",
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .args(filter);
+    command::run(&mut test)?;
+    Ok(Outcome::Passed)
+}
+
+fn running_in_ci() -> bool {
+    env::var("CI").is_ok_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
+}
+
+/// How a step that did not fail ended.
+enum Outcome {
+    Passed,
+    /// Why, said as the user should read it on the last lines of the run.
+    Skipped(String),
+}
+
+enum Verdict {
+    Passed,
+    Skipped(String),
+    Failed,
+}
+
+/// The steps run so far, printed as the summary at the end (or at the first failure).
+#[derive(Default)]
+struct Report {
+    steps: Vec<(&'static str, Verdict, Duration)>,
+}
+
+impl Report {
+    /// Runs one step; on failure prints the summary and returns the error.
+    fn step(
+        &mut self,
+        name: &'static str,
+        body: impl FnOnce() -> anyhow::Result<Outcome>,
+    ) -> anyhow::Result<()> {
+        println!("==> {name}");
+        let started = Instant::now();
+        let result = body();
+        let elapsed = started.elapsed();
+        match result {
+            Ok(Outcome::Passed) => self.steps.push((name, Verdict::Passed, elapsed)),
+            Ok(Outcome::Skipped(why)) => self.steps.push((name, Verdict::Skipped(why), elapsed)),
+            Err(error) => {
+                self.steps.push((name, Verdict::Failed, elapsed));
+                self.print_summary();
+                return Err(error.context(format!("test step `{name}` failed")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Prints the summary; skips go last so that a skipped step cannot scroll out of sight.
+    fn finish(&self) {
+        self.print_summary();
+        for (_, verdict, _) in &self.steps {
+            if let Verdict::Skipped(why) = verdict {
+                println!("SKIPPED: {why}");
+            }
+        }
+    }
+
+    fn print_summary(&self) {
+        println!("\nsummary:");
+        for (name, verdict, elapsed) in &self.steps {
+            let verdict = match verdict {
+                Verdict::Passed => "passed",
+                Verdict::Skipped(_) => "skipped",
+                Verdict::Failed => "FAILED",
+            };
+            println!("  {verdict:<8} {name:<24} {:>7.1} s", elapsed.as_secs_f64());
+        }
+    }
+}
