@@ -151,19 +151,23 @@ fn syn_retransmits_into_a_drop_rule_are_counted_and_healthy_connects_are_not() -
     let m = agent.metrics()?;
     assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &interface), 0.0, "{}", m.text);
 
-    // Dropped: SYN + 2 retransmits, then the kernel gives up (1 s + 2 s + 4 s).
+    // Dropped: every SYN hits the DROP rule; all but the first are retransmits. How many
+    // the kernel sends before giving up depends on its timeout policy (6.5+ starts with
+    // linear timeouts), so the exact expectation comes from the drop count of the same SYNs.
     let dropped = addr(&pod.host_ip, 7777);
     let started = Instant::now();
     let outcome = pod.ns.run(move || connect_with_syn_retries(dropped, 2).map(drop))?;
     ensure!(outcome.is_err(), "connect through a DROP rule should time out");
     eprintln!("connect gave up after {:?}", started.elapsed());
+    let netfilter = [("interface", pod.veth.as_str()), ("reason", "NETFILTER_DROP")];
     agent.wait_metrics("retransmits", |m| m.value("datapath_tcp_syn_retransmits_total", &interface) >= 2.0)?;
     settle();
     let m = agent.metrics()?;
-    assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &interface), 2.0, "{}", m.text);
-    // All three SYNs were dropped by iptables on the host side of this veth.
-    let netfilter = [("interface", pod.veth.as_str()), ("reason", "NETFILTER_DROP")];
-    assert_eq!(m.value("datapath_drops_total", &netfilter), 3.0, "{}", m.text);
+    let syns = m.value("datapath_drops_total", &netfilter);
+    eprintln!("SYNs dropped by iptables: {syns}");
+    assert!(syns >= 3.0, "at least the SYN and TCP_SYNCNT=2 retransmits:\n{}", m.text);
+    assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &interface), syns - 1.0, "{}", m.text);
+    assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &[("interface", "other")]), 0.0);
     drop(listener);
     Ok(())
 }
@@ -197,9 +201,15 @@ fn count_programs(name: &str) -> Result<usize> {
     Ok(sh(&["bpftool", "prog", "show"])?.lines().filter(|l| l.contains(&format!(" name {name} "))).count())
 }
 
-/// tcx links (ingress and egress) on any interface of the machine.
+/// tcx links on any interface of the machine (older bpftool prints the type as 11).
 fn count_tcx_links() -> Result<usize> {
-    Ok(sh(&["bpftool", "link", "show"])?.lines().filter(|l| l.contains("attach_type tcx_")).count())
+    let links: serde_json::Value = serde_json::from_str(&sh(&["bpftool", "-j", "link", "show"])?)?;
+    Ok(links
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|link| link["type"] == "tcx" || link["type"] == 11)
+        .count())
 }
 
 #[test]

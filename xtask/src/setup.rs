@@ -646,7 +646,13 @@ mod tests {
         let mut installer = Command::new("/bin/sh")
             .args(["-c", "sleep 10; true", "cargo", "install", "bpf-linker"])
             .spawn()?;
-        let found = bpf_linker_installers();
+        // spawn returns while execve may still be filling in the new cmdline (empty until then).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut found = bpf_linker_installers();
+        while !found.contains(&installer.id()) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+            found = bpf_linker_installers();
+        }
         installer.kill()?;
         installer.wait()?;
         assert!(
