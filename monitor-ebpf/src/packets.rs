@@ -8,9 +8,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use monitor_common::{
-    AF_INET, AF_INET6, DirectionCounters, FLOWS_MAX, FlowKey, FlowState, INTERFACE_COUNTERS_MAX,
-    InterfaceCounters, MAP_ERROR_FLOWS_INSERT, MAP_ERROR_INTERFACE_INSERT, MAP_ERROR_SLOTS,
-    SYN_RETRANSMIT_WINDOW_NS,
+    AF_INET, AF_INET6, DirectionCounters, FLOWS_MAX, FlowKey, FlowState, INTERFACE_COUNTERS_MAX, InterfaceCounters,
+    MAP_ERROR_FLOWS_INSERT, MAP_ERROR_INTERFACE_INSERT, MAP_ERROR_SLOTS, SYN_RETRANSMIT_WINDOW_NS,
 };
 
 #[map(name = "INTERFACE_COUNTERS")]
@@ -151,11 +150,5 @@ fn syn_seen(key: &FlowKey, seq: u32, direction: &mut DirectionCounters) {
 }
 
 fn reversed(key: &FlowKey) -> FlowKey {
-    FlowKey {
-        saddr: key.daddr,
-        daddr: key.saddr,
-        sport: key.dport,
-        dport: key.sport,
-        ..*key
-    }
+    FlowKey { saddr: key.daddr, daddr: key.saddr, sport: key.dport, dport: key.sport, ..*key }
 }

@@ -44,10 +44,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let router = api::router(Arc::clone(&state));
         let mut shutdown = shutdown_tx.subscribe();
         tokio::spawn(async move {
-            axum::serve(listener, router).with_graceful_shutdown(async move {
-                let _ = shutdown.changed().await;
-            })
-            .await
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = shutdown.changed().await;
+                })
+                .await
         })
     };
     info!(listen = %config.listen, "serving /metrics, /healthz, /readyz, /api/v1");

@@ -46,10 +46,7 @@ pub async fn bind(listen: SocketAddr) -> std::io::Result<TcpListener> {
 
 async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     match state.metrics.render() {
-        Ok(body) => (
-            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-            body,
-        )
+        Ok(body) => ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
             .into_response(),
         Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed\n").into_response(),
     }

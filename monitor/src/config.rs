@@ -22,7 +22,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the agent: attach to watched interfaces and serve metrics and the API.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print recent incidents from a running agent.
     Incidents {
         #[arg(long, env = "DATAPATH_MONITOR_SERVER", default_value = DEFAULT_SERVER)]
@@ -166,8 +166,8 @@ impl Config {
         } = args;
         let mut resolved = match config {
             Some(path) => {
-                let text =
-                    std::fs::read_to_string(&path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|source| ConfigError::Read { path: path.clone(), source })?;
                 Self::from_toml(&path, &text)?
             }
             None => Self::default(),
@@ -244,7 +244,7 @@ mod tests {
 
     fn run_args(args: &[&str]) -> RunArgs {
         match parse(args).unwrap().command {
-            Command::Run(run) => run,
+            Command::Run(run) => *run,
             other => panic!("expected run, got {other:?}"),
         }
     }
@@ -263,7 +263,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("dm-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("c.toml");
-        std::fs::write(&file, "listen = \"0.0.0.0:9000\"\ninterfaces = [\"eth*\"]\nsample_interval_ms = 100\n").unwrap();
+        std::fs::write(&file, "listen = \"0.0.0.0:9000\"\ninterfaces = [\"eth*\"]\nsample_interval_ms = 100\n")
+            .unwrap();
         let config = Config::resolve(run_args(&[
             "run",
             "--config",

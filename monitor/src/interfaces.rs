@@ -23,9 +23,7 @@ use netlink_packet_route::{
     nsid::{NsidAttribute, NsidMessage},
 };
 use rtnetlink::{
-    packet_core::{
-        NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkBuffer, NetlinkMessage, NetlinkPayload,
-    },
+    packet_core::{NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkBuffer, NetlinkMessage, NetlinkPayload},
     sys::{AsyncSocket, AsyncSocketExt, Socket, SocketAddr, TokioSocket, protocols::NETLINK_ROUTE},
 };
 use tokio::{sync::mpsc, time::Instant};
@@ -82,40 +80,25 @@ pub struct InterfaceFilter {
 
 impl InterfaceFilter {
     /// Default include globs: veth*, br0, tun0, vxlan_sys_*, genev_sys_*, br-int, br-ex, ovn-k8s-mp*.
-    pub const DEFAULT_INCLUDE: &'static [&'static str] = &[
-        "veth*",
-        "br0",
-        "tun0",
-        "vxlan_sys_*",
-        "genev_sys_*",
-        "br-int",
-        "br-ex",
-        "ovn-k8s-mp*",
-    ];
+    pub const DEFAULT_INCLUDE: &'static [&'static str] =
+        &["veth*", "br0", "tun0", "vxlan_sys_*", "genev_sys_*", "br-int", "br-ex", "ovn-k8s-mp*"];
 
     /// `include` is used as given: an empty list watches pod veths only.
     pub fn new(include: &[String], exclude: &[String]) -> Result<Self, InterfaceError> {
-        Ok(Self {
-            include: glob_set(include)?,
-            exclude: glob_set(exclude)?,
-        })
+        Ok(Self { include: glob_set(include)?, exclude: glob_set(exclude)? })
     }
 
     /// Watched = (host-side veth whose peer is in another netns) OR name matches an include
     /// glob; AND name matches no exclude glob.
     pub fn watches(&self, link: &LinkFacts) -> bool {
-        (link.is_pod_veth() || self.include.is_match(&link.name))
-            && !self.exclude.is_match(&link.name)
+        (link.is_pod_veth() || self.include.is_match(&link.name)) && !self.exclude.is_match(&link.name)
     }
 }
 
 fn glob_set(globs: &[String]) -> Result<GlobSet, InterfaceError> {
     let mut builder = GlobSetBuilder::new();
     for glob in globs {
-        let parsed = Glob::new(glob).map_err(|source| InterfaceError::Glob {
-            glob: glob.clone(),
-            source,
-        })?;
+        let parsed = Glob::new(glob).map_err(|source| InterfaceError::Glob { glob: glob.clone(), source })?;
         builder.add(parsed);
     }
     builder.build().map_err(InterfaceError::GlobSet)
@@ -141,11 +124,7 @@ pub struct LinkFacts {
 impl LinkFacts {
     /// A host-side veth whose peer lives in another network namespace (a pod's).
     pub fn is_pod_veth(&self) -> bool {
-        self.kind.as_deref() == Some("veth")
-            && self
-                .peer
-                .as_ref()
-                .is_some_and(|peer| peer.netnsid.is_some())
+        self.kind.as_deref() == Some("veth") && self.peer.as_ref().is_some_and(|peer| peer.netnsid.is_some())
     }
 
     /// Reads an RTM_NEWLINK/RTM_DELLINK message; None when it carries no name.
@@ -167,11 +146,7 @@ impl LinkFacts {
         }
         // IFLA_LINK also names the lower device of vlans and tunnels: only a veth's is a peer.
         let peer = match (kind.as_deref(), link) {
-            (Some("veth"), Some(ifindex)) if ifindex != 0 => Some(PeerLink {
-                ifindex,
-                netnsid,
-                netns_inode: None,
-            }),
+            (Some("veth"), Some(ifindex)) if ifindex != 0 => Some(PeerLink { ifindex, netnsid, netns_inode: None }),
             _ => None,
         };
         let header = &message.header;
@@ -228,10 +203,7 @@ impl LinkEvent {
 pub fn own_netns_inode() -> Result<u64, InterfaceError> {
     std::fs::metadata(OWN_NETNS)
         .map(|metadata| metadata.ino())
-        .map_err(|source| InterfaceError::Netns {
-            path: OWN_NETNS.into(),
-            source,
-        })
+        .map_err(|source| InterfaceError::Netns { path: OWN_NETNS.into(), source })
 }
 
 /// Subscribes to RTNLGRP_LINK *first*, then dumps all links (so nothing is missed between
@@ -254,11 +226,7 @@ pub async fn watch_links(
         before_start.clear();
     }
     let initial = watch.table.watched();
-    info!(
-        watched = initial.len(),
-        links = watch.table.links.len(),
-        "link watch started"
-    );
+    info!(watched = initial.len(), links = watch.table.links.len(), "link watch started");
     let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
     tokio::spawn(watch.run(events_tx));
     Ok((initial, events_rx))
@@ -272,10 +240,7 @@ struct LinkTable {
 
 impl LinkTable {
     fn new(filter: InterfaceFilter) -> Self {
-        Self {
-            filter,
-            links: HashMap::new(),
-        }
+        Self { filter, links: HashMap::new() }
     }
 
     fn get(&self, ifindex: u32) -> Option<&LinkFacts> {
@@ -283,16 +248,10 @@ impl LinkTable {
     }
 
     fn upsert(&mut self, link: LinkFacts) -> Option<LinkEvent> {
-        let before = self
-            .links
-            .get(&link.ifindex)
-            .filter(|old| self.filter.watches(old));
+        let before = self.links.get(&link.ifindex).filter(|old| self.filter.watches(old));
         let event = match (before, self.filter.watches(&link)) {
             (Some(old), true) => (*old != link).then(|| LinkEvent::Changed(link.clone())),
-            (Some(old), false) => Some(LinkEvent::Removed {
-                ifindex: old.ifindex,
-                name: old.name.clone(),
-            }),
+            (Some(old), false) => Some(LinkEvent::Removed { ifindex: old.ifindex, name: old.name.clone() }),
             (None, true) => Some(LinkEvent::Added(link.clone())),
             (None, false) => None,
         };
@@ -302,33 +261,19 @@ impl LinkTable {
 
     fn remove(&mut self, ifindex: u32) -> Option<LinkEvent> {
         let old = self.links.remove(&ifindex)?;
-        self.filter.watches(&old).then_some(LinkEvent::Removed {
-            ifindex,
-            name: old.name,
-        })
+        self.filter.watches(&old).then_some(LinkEvent::Removed { ifindex, name: old.name })
     }
 
     /// Forgets links a full dump did not report.
     fn retain(&mut self, seen: &HashSet<u32>) -> Vec<LinkEvent> {
-        let mut gone: Vec<u32> = self
-            .links
-            .keys()
-            .filter(|ifindex| !seen.contains(ifindex))
-            .copied()
-            .collect();
+        let mut gone: Vec<u32> = self.links.keys().filter(|ifindex| !seen.contains(ifindex)).copied().collect();
         gone.sort_unstable();
-        gone.into_iter()
-            .filter_map(|ifindex| self.remove(ifindex))
-            .collect()
+        gone.into_iter().filter_map(|ifindex| self.remove(ifindex)).collect()
     }
 
     fn watched(&self) -> Vec<LinkFacts> {
-        let mut watched: Vec<LinkFacts> = self
-            .links
-            .values()
-            .filter(|link| self.filter.watches(link))
-            .cloned()
-            .collect();
+        let mut watched: Vec<LinkFacts> =
+            self.links.values().filter(|link| self.filter.watches(link)).cloned().collect();
         watched.sort_unstable_by_key(|link| link.ifindex);
         watched
     }
@@ -337,11 +282,7 @@ impl LinkTable {
     fn same_netns_peers_of(&self, ifindex: u32) -> Vec<u32> {
         self.links
             .values()
-            .filter(|link| {
-                link.peer
-                    .as_ref()
-                    .is_some_and(|peer| peer.ifindex == ifindex && peer.netnsid.is_none())
-            })
+            .filter(|link| link.peer.as_ref().is_some_and(|peer| peer.ifindex == ifindex && peer.netnsid.is_none()))
             .map(|link| link.ifindex)
             .collect()
     }
@@ -389,15 +330,12 @@ struct LinkWatch {
 
 impl LinkWatch {
     fn open(filter: InterfaceFilter) -> Result<Self, InterfaceError> {
-        let mut socket =
-            TokioSocket::new(NETLINK_ROUTE).map_err(netlink_error("opening the link socket"))?;
+        let mut socket = TokioSocket::new(NETLINK_ROUTE).map_err(netlink_error("opening the link socket"))?;
         let raw = socket.socket_mut();
-        raw.bind_auto()
-            .map_err(netlink_error("binding the link socket"))?;
+        raw.bind_auto().map_err(netlink_error("binding the link socket"))?;
         enlarge_receive_buffer(raw);
         for group in [RTNLGRP_LINK, RTNLGRP_NSID] {
-            raw.add_membership(group)
-                .map_err(netlink_error("subscribing to link and nsid events"))?;
+            raw.add_membership(group).map_err(netlink_error("subscribing to link and nsid events"))?;
         }
         Ok(Self {
             socket,
@@ -442,32 +380,17 @@ impl LinkWatch {
         }
     }
 
-    async fn request(
-        &mut self,
-        message: RouteNetlinkMessage,
-        flags: u16,
-    ) -> Result<u32, InterfaceError> {
+    async fn request(&mut self, message: RouteNetlinkMessage, flags: u16) -> Result<u32, InterfaceError> {
         self.seq = self.seq.wrapping_add(1);
         let request = request_bytes(message, flags, self.seq);
-        self.socket
-            .send_to(&request, &SocketAddr::new(0, 0))
-            .await
-            .map_err(netlink_error("sending a link request"))?;
+        self.socket.send_to(&request, &SocketAddr::new(0, 0)).await.map_err(netlink_error("sending a link request"))?;
         Ok(self.seq)
     }
 
     async fn start_dump(&mut self) -> Result<(), InterfaceError> {
-        let seq = self
-            .request(
-                RouteNetlinkMessage::GetLink(LinkMessage::default()),
-                NLM_F_REQUEST | NLM_F_DUMP,
-            )
-            .await?;
-        self.dump = Some(Dump {
-            seq,
-            seen: HashSet::new(),
-            interrupted: false,
-        });
+        let seq =
+            self.request(RouteNetlinkMessage::GetLink(LinkMessage::default()), NLM_F_REQUEST | NLM_F_DUMP).await?;
+        self.dump = Some(Dump { seq, seen: HashSet::new(), interrupted: false });
         Ok(())
     }
 
@@ -475,9 +398,7 @@ impl LinkWatch {
     async fn refresh_link(&mut self, ifindex: u32) -> Result<(), InterfaceError> {
         let mut message = LinkMessage::default();
         message.header.index = ifindex;
-        self.request(RouteNetlinkMessage::GetLink(message), NLM_F_REQUEST)
-            .await
-            .map(drop)
+        self.request(RouteNetlinkMessage::GetLink(message), NLM_F_REQUEST).await.map(drop)
     }
 
     async fn on_received(
@@ -488,10 +409,7 @@ impl LinkWatch {
         match received {
             Ok((datagram, from)) => self.on_datagram(&datagram, from, events).await,
             Err(error) if error.raw_os_error() == Some(libc::ENOBUFS) => self.on_overrun().await,
-            Err(source) => Err(InterfaceError::Netlink {
-                op: "receiving link events",
-                source,
-            }),
+            Err(source) => Err(InterfaceError::Netlink { op: "receiving link events", source }),
         }
     }
 
@@ -516,10 +434,7 @@ impl LinkWatch {
         let broadcast = from.multicast_groups() != 0;
         for message in parse_datagram(datagram) {
             let seq = message.header.sequence_number;
-            let dump = self
-                .dump
-                .as_mut()
-                .filter(|dump| !broadcast && dump.seq == seq);
+            let dump = self.dump.as_mut().filter(|dump| !broadcast && dump.seq == seq);
             let in_dump = dump.is_some();
             if let Some(dump) = dump
                 && message.header.flags & NLM_F_DUMP_INTR != 0
@@ -529,10 +444,16 @@ impl LinkWatch {
                 debug!("link dump interrupted by concurrent changes");
             }
             match message.payload {
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => {
+                // Bridges report port state in AF_BRIDGE messages to the same group, even
+                // RTM_DELLINK when a port leaves: only AF_UNSPEC ones describe links.
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link))
+                    if link.header.interface_family == AddressFamily::Unspec =>
+                {
                     self.on_new_link(&link, events).await?;
                 }
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(link)) => {
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(link))
+                    if link.header.interface_family == AddressFamily::Unspec =>
+                {
                     self.on_del_link(&link, events).await?;
                 }
                 NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelNsId(nsid)) => {
@@ -545,19 +466,13 @@ impl LinkWatch {
                 NetlinkPayload::Done(done) if in_dump => {
                     if done.code != 0 {
                         let source = io::Error::from_raw_os_error(done.code.saturating_abs());
-                        return Err(InterfaceError::Netlink {
-                            op: "dumping links",
-                            source,
-                        });
+                        return Err(InterfaceError::Netlink { op: "dumping links", source });
                     }
                     self.finish_dump(events).await?;
                 }
                 NetlinkPayload::Error(error) if error.code.is_some() => {
                     if in_dump {
-                        return Err(InterfaceError::Netlink {
-                            op: "dumping links",
-                            source: error.to_io(),
-                        });
+                        return Err(InterfaceError::Netlink { op: "dumping links", source: error.to_io() });
                     }
                     debug!(error = %error, "link refresh failed: the link is gone");
                 }
@@ -577,20 +492,9 @@ impl LinkWatch {
         Ok(())
     }
 
-    async fn on_new_link(
-        &mut self,
-        message: &LinkMessage,
-        events: &mut Vec<LinkEvent>,
-    ) -> Result<(), InterfaceError> {
-        // Bridges report port state as AF_BRIDGE messages in the same group, even RTM_DELLINK.
-        if message.header.interface_family != AddressFamily::Unspec {
-            return Ok(());
-        }
+    async fn on_new_link(&mut self, message: &LinkMessage, events: &mut Vec<LinkEvent>) -> Result<(), InterfaceError> {
         let Some(mut link) = LinkFacts::from_message(message) else {
-            warn!(
-                ifindex = message.header.index,
-                "link message without a name skipped"
-            );
+            warn!(ifindex = message.header.index, "link message without a name skipped");
             return Ok(());
         };
         if let Some(dump) = &mut self.dump {
@@ -605,14 +509,7 @@ impl LinkWatch {
         Ok(())
     }
 
-    async fn on_del_link(
-        &mut self,
-        message: &LinkMessage,
-        events: &mut Vec<LinkEvent>,
-    ) -> Result<(), InterfaceError> {
-        if message.header.interface_family != AddressFamily::Unspec {
-            return Ok(());
-        }
+    async fn on_del_link(&mut self, message: &LinkMessage, events: &mut Vec<LinkEvent>) -> Result<(), InterfaceError> {
         let ifindex = message.header.index;
         // A veth end moved to another netns is reported deleted here, and its peer that
         // stays gets no message of its own: ask for the peer again to learn its new nsid.
@@ -631,15 +528,9 @@ impl LinkWatch {
             return None;
         }
         let peer = link.peer.as_ref().filter(|peer| peer.netnsid.is_none())?;
-        let partner = self
-            .table
-            .get(peer.ifindex)
-            .filter(|partner| partner.kind == link.kind)?;
+        let partner = self.table.get(peer.ifindex).filter(|partner| partner.kind == link.kind)?;
         // The end registered first of a new pair was reported without a peer.
-        let current = partner
-            .peer
-            .as_ref()
-            .is_some_and(|back| back.ifindex == link.ifindex && back.netnsid.is_none());
+        let current = partner.peer.as_ref().is_some_and(|back| back.ifindex == link.ifindex && back.netnsid.is_none());
         (!current).then_some(peer.ifindex)
     }
 
@@ -668,10 +559,7 @@ impl LinkWatch {
     async fn resolve_missing(&mut self, nsid: i32, events: &mut Vec<LinkEvent>) -> Option<u64> {
         let allowed_at = self.netns.next_scan_allowed_at();
         if allowed_at > Instant::now() {
-            debug!(
-                nsid,
-                "unknown peer nsid: rescanning network namespaces shortly"
-            );
+            debug!(nsid, "unknown peer nsid: rescanning network namespaces shortly");
             self.rescan_at.get_or_insert(allowed_at);
             return None;
         }
@@ -683,18 +571,11 @@ impl LinkWatch {
     async fn rescan(&mut self, also_wanted: Option<i32>, events: &mut Vec<LinkEvent>) {
         self.rescan_at = None;
         let unresolved = self.table.unresolved();
-        let wanted: HashSet<i32> = unresolved
-            .iter()
-            .map(|&(_, nsid)| nsid)
-            .chain(also_wanted)
-            .collect();
+        let wanted: HashSet<i32> = unresolved.iter().map(|&(_, nsid)| nsid).chain(also_wanted).collect();
         self.netns.rescan(&wanted).await;
         for (ifindex, nsid) in unresolved {
             let Some(inode) = self.netns.lookup(nsid) else {
-                debug!(
-                    ifindex,
-                    nsid, "no network namespace file found for a veth peer's nsid"
-                );
+                debug!(ifindex, nsid, "no network namespace file found for a veth peer's nsid");
                 continue;
             };
             let Some(mut link) = self.table.get(ifindex).cloned() else {
@@ -711,18 +592,11 @@ impl LinkWatch {
 /// Best effort: a bigger queue means fewer overflows, and an overflow only costs a resync.
 fn enlarge_receive_buffer(socket: &Socket) {
     let size = libc::c_int::try_from(RECEIVE_BUFFER).unwrap_or(libc::c_int::MAX);
-    let length =
-        libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(libc::socklen_t::MAX);
+    let length = libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(libc::socklen_t::MAX);
     // SAFETY: the fd is an open socket; the option value is a c_int that outlives the call
     // and `length` is its size. SO_RCVBUFFORCE (CAP_NET_ADMIN) may exceed net.core.rmem_max.
     let forced = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            (&raw const size).cast(),
-            length,
-        )
+        libc::setsockopt(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, (&raw const size).cast(), length)
     } == 0;
     if !forced && let Err(error) = socket.set_rx_buf_sz(RECEIVE_BUFFER) {
         debug!(%error, "could not enlarge the netlink receive buffer");
@@ -775,27 +649,13 @@ struct NetnsResolver {
 
 impl NetnsResolver {
     fn open() -> Result<Self, InterfaceError> {
-        let mut socket =
-            Socket::new(NETLINK_ROUTE).map_err(netlink_error("opening the nsid socket"))?;
-        socket
-            .bind_auto()
-            .map_err(netlink_error("binding the nsid socket"))?;
-        socket
-            .set_non_blocking(true)
-            .map_err(netlink_error("configuring the nsid socket"))?;
+        let mut socket = Socket::new(NETLINK_ROUTE).map_err(netlink_error("opening the nsid socket"))?;
+        socket.bind_auto().map_err(netlink_error("binding the nsid socket"))?;
+        socket.set_non_blocking(true).map_err(netlink_error("configuring the nsid socket"))?;
         let nsfs_dev = std::fs::metadata(OWN_NETNS)
-            .map_err(|source| InterfaceError::Netns {
-                path: OWN_NETNS.into(),
-                source,
-            })?
+            .map_err(|source| InterfaceError::Netns { path: OWN_NETNS.into(), source })?
             .dev();
-        Ok(Self {
-            socket,
-            seq: 0,
-            nsfs_dev,
-            by_nsid: HashMap::new(),
-            last_scan: None,
-        })
+        Ok(Self { socket, seq: 0, nsfs_dev, by_nsid: HashMap::new(), last_scan: None })
     }
 
     fn lookup(&self, nsid: i32) -> Option<u64> {
@@ -812,8 +672,7 @@ impl NetnsResolver {
     }
 
     fn next_scan_allowed_at(&self) -> Instant {
-        self.last_scan
-            .map_or_else(Instant::now, |last| last + RESCAN_INTERVAL)
+        self.last_scan.map_or_else(Instant::now, |last| last + RESCAN_INTERVAL)
     }
 
     /// Pinned netns files first (cheap, and where CNI runtimes keep pod namespaces), then
@@ -822,9 +681,7 @@ impl NetnsResolver {
         let started = Instant::now();
         self.last_scan = Some(started);
         let mut skip: HashSet<u64> = self.by_nsid.values().copied().collect();
-        let pinned = PINNED_NETNS_DIRS
-            .iter()
-            .flat_map(|dir| dir_entries(Path::new(dir)));
+        let pinned = PINNED_NETNS_DIRS.iter().flat_map(|dir| dir_entries(Path::new(dir)));
         let pinned = unique_netns_files(pinned, self.nsfs_dev, &mut skip);
         self.ask_nsids(&pinned);
         let mut processes = 0;
@@ -834,9 +691,7 @@ impl NetnsResolver {
                 let files = dir_entries(Path::new("/proc"))
                     .into_iter()
                     .filter(|path| {
-                        path.file_name().is_some_and(|name| {
-                            name.as_encoded_bytes().iter().all(u8::is_ascii_digit)
-                        })
+                        path.file_name().is_some_and(|name| name.as_encoded_bytes().iter().all(u8::is_ascii_digit))
                     })
                     .map(|path| path.join("ns/net"));
                 unique_netns_files(files, nsfs_dev, &mut skip)
@@ -889,16 +744,11 @@ impl NetnsResolver {
 
     /// RTM_GETNSID with NETNSA_FD; None for NETNSA_NSID_NOT_ASSIGNED (-1).
     fn query_nsid(&mut self, netns: &File) -> io::Result<Option<i32>> {
-        let fd = u32::try_from(netns.as_raw_fd())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let fd = u32::try_from(netns.as_raw_fd()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         self.seq = self.seq.wrapping_add(1);
         let mut message = NsidMessage::default();
         message.attributes.push(NsidAttribute::Fd(fd));
-        let request = request_bytes(
-            RouteNetlinkMessage::GetNsId(message),
-            NLM_F_REQUEST,
-            self.seq,
-        );
+        let request = request_bytes(RouteNetlinkMessage::GetNsId(message), NLM_F_REQUEST, self.seq);
         self.socket.send_to(&request, &SocketAddr::new(0, 0), 0)?;
         loop {
             // WouldBlock here means no reply: reported as an error, never waited for.
@@ -909,13 +759,10 @@ impl NetnsResolver {
                 }
                 match reply.payload {
                     NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNsId(reply)) => {
-                        return Ok(reply
-                            .attributes
-                            .iter()
-                            .find_map(|attribute| match attribute {
-                                NsidAttribute::Id(nsid) if *nsid >= 0 => Some(*nsid),
-                                _ => None,
-                            }));
+                        return Ok(reply.attributes.iter().find_map(|attribute| match attribute {
+                            NsidAttribute::Id(nsid) if *nsid >= 0 => Some(*nsid),
+                            _ => None,
+                        }));
                     }
                     NetlinkPayload::Error(error) if error.code.is_some() => {
                         return Err(error.to_io());
@@ -929,9 +776,7 @@ impl NetnsResolver {
 
 fn dir_entries(dir: &Path) -> Vec<PathBuf> {
     match std::fs::read_dir(dir) {
-        Ok(entries) => entries
-            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-            .collect(),
+        Ok(entries) => entries.filter_map(|entry| entry.ok().map(|entry| entry.path())).collect(),
         Err(error) => {
             if error.kind() != io::ErrorKind::NotFound {
                 debug!(dir = %dir.display(), %error, "cannot list network namespace files");
@@ -950,8 +795,7 @@ fn unique_netns_files(
     paths
         .into_iter()
         .filter(|path| {
-            std::fs::metadata(path)
-                .is_ok_and(|metadata| metadata.dev() == nsfs_dev && skip.insert(metadata.ino()))
+            std::fs::metadata(path).is_ok_and(|metadata| metadata.dev() == nsfs_dev && skip.insert(metadata.ino()))
         })
         .collect()
 }
@@ -963,19 +807,11 @@ mod tests {
     use super::*;
 
     fn defaults() -> Vec<String> {
-        InterfaceFilter::DEFAULT_INCLUDE
-            .iter()
-            .map(|glob| glob.to_string())
-            .collect()
+        InterfaceFilter::DEFAULT_INCLUDE.iter().map(|glob| glob.to_string()).collect()
     }
 
     fn filter(include: &[&str], exclude: &[&str]) -> InterfaceFilter {
-        let owned = |globs: &[&str]| {
-            globs
-                .iter()
-                .map(|glob| glob.to_string())
-                .collect::<Vec<_>>()
-        };
+        let owned = |globs: &[&str]| globs.iter().map(|glob| glob.to_string()).collect::<Vec<_>>();
         InterfaceFilter::new(&owned(include), &owned(exclude)).expect("valid globs")
     }
 
@@ -994,11 +830,7 @@ mod tests {
     fn veth(ifindex: u32, name: &str, netnsid: Option<i32>) -> LinkFacts {
         LinkFacts {
             kind: Some("veth".to_string()),
-            peer: Some(PeerLink {
-                ifindex: 2,
-                netnsid,
-                netns_inode: netnsid.map(|_| 4026532000),
-            }),
+            peer: Some(PeerLink { ifindex: 2, netnsid, netns_inode: netnsid.map(|_| 4026532000) }),
             ..link(ifindex, name)
         }
     }
@@ -1006,25 +838,13 @@ mod tests {
     #[test]
     fn default_globs_watch_sdn_devices_and_nothing_else() {
         let filter = InterfaceFilter::new(&defaults(), &[]).expect("defaults are valid");
-        for name in [
-            "veth1a2b3c4d",
-            "br0",
-            "tun0",
-            "vxlan_sys_4789",
-            "genev_sys_6081",
-            "br-int",
-            "br-ex",
-            "ovn-k8s-mp0",
-        ] {
+        for name in
+            ["veth1a2b3c4d", "br0", "tun0", "vxlan_sys_4789", "genev_sys_6081", "br-int", "br-ex", "ovn-k8s-mp0"]
+        {
             assert!(filter.watches(&link(1, name)), "{name} should be watched");
         }
-        for name in [
-            "lo", "eth0", "ens3", "br-test", "br00", "tun1", "docker0", "xveth0",
-        ] {
-            assert!(
-                !filter.watches(&link(1, name)),
-                "{name} should not be watched"
-            );
+        for name in ["lo", "eth0", "ens3", "br-test", "br00", "tun1", "docker0", "xveth0"] {
+            assert!(!filter.watches(&link(1, name)), "{name} should not be watched");
         }
     }
 
@@ -1033,10 +853,7 @@ mod tests {
         let filter = filter(&["veth*"], &["veth9*", "0123*"]);
         assert!(filter.watches(&link(1, "veth1234")));
         assert!(!filter.watches(&link(1, "veth9abc")));
-        assert!(
-            !filter.watches(&veth(1, "0123456789abcde", Some(3))),
-            "exclude beats the pod-veth rule"
-        );
+        assert!(!filter.watches(&veth(1, "0123456789abcde", Some(3))), "exclude beats the pod-veth rule");
     }
 
     #[test]
@@ -1044,17 +861,10 @@ mod tests {
         let filter = filter(&[], &[]);
         // OVN-Kubernetes names pod veths after the container ID: no include glob matches.
         assert!(filter.watches(&veth(7, "0123456789abcde", Some(3))));
-        assert!(
-            !filter.watches(&veth(7, "0123456789abcde", None)),
-            "both ends in this netns"
-        );
+        assert!(!filter.watches(&veth(7, "0123456789abcde", None)), "both ends in this netns");
         let tunnel = LinkFacts {
             kind: Some("vxlan".to_string()),
-            peer: Some(PeerLink {
-                ifindex: 2,
-                netnsid: Some(3),
-                netns_inode: None,
-            }),
+            peer: Some(PeerLink { ifindex: 2, netnsid: Some(3), netns_inode: None }),
             ..link(7, "0123456789abcde")
         };
         assert!(!filter.watches(&tunnel), "only veths have pod peers");
@@ -1063,34 +873,15 @@ mod tests {
     #[test]
     fn a_bad_glob_is_named_in_the_error() {
         for (include, exclude) in [(&["veth["][..], &[][..]), (&["veth*"][..], &["br-[x"][..])] {
-            let owned = |globs: &[&str]| {
-                globs
-                    .iter()
-                    .map(|glob| glob.to_string())
-                    .collect::<Vec<_>>()
-            };
-            let error =
-                InterfaceFilter::new(&owned(include), &owned(exclude)).expect_err("invalid glob");
-            let bad = include
-                .iter()
-                .chain(exclude)
-                .find(|glob| glob.contains('['))
-                .copied()
-                .unwrap_or_default();
-            assert!(
-                matches!(&error, InterfaceError::Glob { glob, .. } if glob == bad),
-                "{error:?}"
-            );
+            let owned = |globs: &[&str]| globs.iter().map(|glob| glob.to_string()).collect::<Vec<_>>();
+            let error = InterfaceFilter::new(&owned(include), &owned(exclude)).expect_err("invalid glob");
+            let bad = include.iter().chain(exclude).find(|glob| glob.contains('[')).copied().unwrap_or_default();
+            assert!(matches!(&error, InterfaceError::Glob { glob, .. } if glob == bad), "{error:?}");
             assert!(error.to_string().contains(bad), "{error}");
         }
     }
 
-    fn link_message(
-        ifindex: u32,
-        name: &str,
-        kind: Option<InfoKind>,
-        extra: Vec<LinkAttribute>,
-    ) -> LinkMessage {
+    fn link_message(ifindex: u32, name: &str, kind: Option<InfoKind>, extra: Vec<LinkAttribute>) -> LinkMessage {
         let mut message = LinkMessage::default();
         message.header = LinkHeader {
             index: ifindex,
@@ -1098,24 +889,16 @@ mod tests {
             flags: LinkFlags::Up | LinkFlags::Broadcast,
             ..LinkHeader::default()
         };
-        message
-            .attributes
-            .push(LinkAttribute::IfName(name.to_string()));
-        message
-            .attributes
-            .extend(kind.map(|kind| LinkAttribute::LinkInfo(vec![LinkInfo::Kind(kind)])));
+        message.attributes.push(LinkAttribute::IfName(name.to_string()));
+        message.attributes.extend(kind.map(|kind| LinkAttribute::LinkInfo(vec![LinkInfo::Kind(kind)])));
         message.attributes.extend(extra);
         message
     }
 
     #[test]
     fn facts_come_from_the_link_message() {
-        let message = link_message(
-            9,
-            "veth1",
-            Some(InfoKind::Veth),
-            vec![LinkAttribute::Link(4), LinkAttribute::LinkNetNsId(2)],
-        );
+        let message =
+            link_message(9, "veth1", Some(InfoKind::Veth), vec![LinkAttribute::Link(4), LinkAttribute::LinkNetNsId(2)]);
         let facts = LinkFacts::from_message(&message).expect("has a name");
         assert_eq!(
             facts,
@@ -1126,25 +909,12 @@ mod tests {
                 is_ethernet: true,
                 up: true,
                 oper_up: false,
-                peer: Some(PeerLink {
-                    ifindex: 4,
-                    netnsid: Some(2),
-                    netns_inode: None
-                }),
+                peer: Some(PeerLink { ifindex: 4, netnsid: Some(2), netns_inode: None }),
             }
         );
-        let vlan = link_message(
-            10,
-            "eth0.5",
-            Some(InfoKind::Vlan),
-            vec![LinkAttribute::Link(2)],
-        );
+        let vlan = link_message(10, "eth0.5", Some(InfoKind::Vlan), vec![LinkAttribute::Link(2)]);
         let vlan = LinkFacts::from_message(&vlan).expect("has a name");
-        assert_eq!(
-            (vlan.kind.as_deref(), vlan.peer),
-            (Some("vlan"), None),
-            "a vlan's lower device is no peer"
-        );
+        assert_eq!((vlan.kind.as_deref(), vlan.peer), (Some("vlan"), None), "a vlan's lower device is no peer");
         let mut nameless = link_message(11, "x", None, vec![]);
         nameless.attributes.clear();
         assert_eq!(LinkFacts::from_message(&nameless), None);
@@ -1152,71 +922,32 @@ mod tests {
 
     #[test]
     fn parse_datagram_splits_packed_messages() {
-        let first = request_bytes(
-            RouteNetlinkMessage::NewLink(link_message(1, "a", None, vec![])),
-            0,
-            7,
-        );
-        let second = request_bytes(
-            RouteNetlinkMessage::NewLink(link_message(2, "bcdef", None, vec![])),
-            0,
-            8,
-        );
+        let first = request_bytes(RouteNetlinkMessage::NewLink(link_message(1, "a", None, vec![])), 0, 7);
+        let second = request_bytes(RouteNetlinkMessage::NewLink(link_message(2, "bcdef", None, vec![])), 0, 8);
         let mut datagram = first.clone();
         datagram.resize(first.len().next_multiple_of(4), 0);
         datagram.extend(&second);
-        let seqs: Vec<u32> = parse_datagram(&datagram)
-            .iter()
-            .map(|message| message.header.sequence_number)
-            .collect();
+        let seqs: Vec<u32> = parse_datagram(&datagram).iter().map(|message| message.header.sequence_number).collect();
         assert_eq!(seqs, [7, 8]);
-        assert!(
-            parse_datagram(&datagram[..10]).is_empty(),
-            "a truncated header is skipped"
-        );
+        assert!(parse_datagram(&datagram[..10]).is_empty(), "a truncated header is skipped");
     }
 
     #[test]
     fn table_reports_only_watched_links_and_real_changes() {
         let mut table = LinkTable::new(filter(&["veth*"], &["vethx*"]));
         let mut veth1 = link(5, "veth1");
-        assert_eq!(
-            table.upsert(veth1.clone()),
-            Some(LinkEvent::Added(veth1.clone()))
-        );
+        assert_eq!(table.upsert(veth1.clone()), Some(LinkEvent::Added(veth1.clone())));
         assert_eq!(table.upsert(veth1.clone()), None, "same facts, no event");
         veth1.up = false;
-        assert_eq!(
-            table.upsert(veth1.clone()),
-            Some(LinkEvent::Changed(veth1.clone()))
-        );
+        assert_eq!(table.upsert(veth1.clone()), Some(LinkEvent::Changed(veth1.clone())));
         assert_eq!(table.upsert(link(6, "eth0")), None);
         assert_eq!(table.remove(6), None, "unwatched links leave silently");
 
-        let excluded = LinkFacts {
-            name: "vethx1".into(),
-            ..veth1.clone()
-        };
-        assert_eq!(
-            table.upsert(excluded),
-            Some(LinkEvent::Removed {
-                ifindex: 5,
-                name: "veth1".into()
-            })
-        );
-        assert_eq!(
-            table.upsert(veth1.clone()),
-            Some(LinkEvent::Added(veth1.clone())),
-            "renamed back"
-        );
+        let excluded = LinkFacts { name: "vethx1".into(), ..veth1.clone() };
+        assert_eq!(table.upsert(excluded), Some(LinkEvent::Removed { ifindex: 5, name: "veth1".into() }));
+        assert_eq!(table.upsert(veth1.clone()), Some(LinkEvent::Added(veth1.clone())), "renamed back");
         assert_eq!(table.watched(), vec![veth1.clone()]);
-        assert_eq!(
-            table.remove(5),
-            Some(LinkEvent::Removed {
-                ifindex: 5,
-                name: "veth1".into()
-            })
-        );
+        assert_eq!(table.remove(5), Some(LinkEvent::Removed { ifindex: 5, name: "veth1".into() }));
         assert!(table.watched().is_empty());
     }
 
@@ -1227,13 +958,7 @@ mod tests {
             table.upsert(facts);
         }
         let removed = table.retain(&HashSet::from([4]));
-        assert_eq!(
-            removed,
-            vec![LinkEvent::Removed {
-                ifindex: 3,
-                name: "veth3".into()
-            }]
-        );
+        assert_eq!(removed, vec![LinkEvent::Removed { ifindex: 3, name: "veth3".into() }]);
         assert_eq!(table.links.keys().copied().collect::<Vec<_>>(), vec![4]);
     }
 
@@ -1243,11 +968,7 @@ mod tests {
         table.upsert(veth(3, "veth3", None));
         let mut pod = veth(4, "veth4", Some(1));
         table.upsert(pod.clone());
-        assert_eq!(
-            table.same_netns_peers_of(2),
-            vec![3],
-            "only the veth whose peer is local"
-        );
+        assert_eq!(table.same_netns_peers_of(2), vec![3], "only the veth whose peer is local");
         assert!(table.unresolved().is_empty());
         if let Some(peer) = pod.peer.as_mut() {
             peer.netns_inode = None;
@@ -1288,10 +1009,7 @@ mod netns_tests {
     impl Drop for Namespaces {
         fn drop(&mut self) {
             for name in self.0.iter().rev() {
-                let _ = Command::new("ip")
-                    .args(["netns", "del", name])
-                    .stderr(Stdio::null())
-                    .status();
+                let _ = Command::new("ip").args(["netns", "del", name]).stderr(Stdio::null()).status();
             }
         }
     }
@@ -1302,10 +1020,7 @@ mod netns_tests {
     impl NetnsHolder {
         fn spawn() -> (Self, u64) {
             let own = inode_of_path("/proc/self/ns/net");
-            let child = Command::new("unshare")
-                .args(["--net", "sleep", "60"])
-                .spawn()
-                .expect("unshare");
+            let child = Command::new("unshare").args(["--net", "sleep", "60"]).spawn().expect("unshare");
             let holder = Self(child);
             let path = format!("/proc/{}/ns/net", holder.0.id());
             for _ in 0..200 {
@@ -1331,55 +1046,32 @@ mod netns_tests {
     }
 
     fn inode_of_path(path: &str) -> u64 {
-        std::fs::metadata(path)
-            .map(|metadata| metadata.ino())
-            .expect("stat netns file")
+        std::fs::metadata(path).map(|metadata| metadata.ino()).expect("stat netns file")
     }
 
     fn ip(args: &[&str]) -> String {
         let output = Command::new("ip").args(args).output().expect("running ip");
-        assert!(
-            output.status.success(),
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        assert!(output.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
     fn ifindex_in(netns: &str, name: &str) -> u32 {
         let line = ip(&["-n", netns, "-o", "link", "show", name]);
         let index = line.split(':').next().unwrap_or_default();
-        index
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("no ifindex in {line:?}"))
+        index.trim().parse().unwrap_or_else(|_| panic!("no ifindex in {line:?}"))
     }
 
     fn inode_of(netns: &str) -> u64 {
-        let output = Command::new("stat")
-            .args(["-L", "-c", "%i", &format!("/run/netns/{netns}")])
-            .output()
-            .expect("stat");
-        String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .parse()
-            .expect("stat prints an inode")
+        let output =
+            Command::new("stat").args(["-L", "-c", "%i", &format!("/run/netns/{netns}")]).output().expect("stat");
+        String::from_utf8_lossy(&output.stdout).trim().parse().expect("stat prints an inode")
     }
 
     /// The Added event for `name`, followed by the Changed event that resolves its peer
     /// netns when the lookup had to wait for the rescan rate limit.
-    async fn added_with_peer_netns(
-        events: &mut mpsc::Receiver<LinkEvent>,
-        name: &str,
-    ) -> LinkFacts {
+    async fn added_with_peer_netns(events: &mut mpsc::Receiver<LinkEvent>, name: &str) -> LinkFacts {
         let link = added(next_event(events).await, name);
-        if link
-            .peer
-            .as_ref()
-            .and_then(|peer| peer.netns_inode)
-            .is_some()
-        {
+        if link.peer.as_ref().and_then(|peer| peer.netns_inode).is_some() {
             return link;
         }
         changed(next_event(events).await, name)
@@ -1392,10 +1084,7 @@ mod netns_tests {
             let thread = scope.spawn(|| {
                 let file = File::open(format!("/run/netns/{netns}")).expect("netns file");
                 setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("runtime");
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
                 runtime.block_on(body());
             });
             if let Err(panic) = thread.join() {
@@ -1435,76 +1124,36 @@ mod netns_tests {
         let (pod_inode, pod2_inode) = (inode_of(&pod), inode_of(&pod2));
 
         // Before the watch: a pod veth whose pod end was moved into the pod, and a local pair.
-        ip(&[
-            "-n",
-            &host,
-            "link",
-            "add",
-            "vethaaaa0001",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-        ]);
+        ip(&["-n", &host, "link", "add", "vethaaaa0001", "type", "veth", "peer", "name", "eth0"]);
         ip(&["-n", &host, "link", "set", "eth0", "netns", &pod]);
         ip(&["-n", &host, "link", "set", "vethaaaa0001", "up"]);
-        ip(&[
-            "-n", &host, "link", "add", "other0", "type", "veth", "peer", "name", "other1",
-        ]);
+        ip(&["-n", &host, "link", "add", "other0", "type", "veth", "peer", "name", "other1"]);
         let pod_eth0 = ifindex_in(&pod, "eth0");
         let host_inode = inode_of(&host);
         let (holder, holder_inode) = NetnsHolder::spawn();
 
         in_netns(&host, || async {
-            assert_eq!(
-                own_netns_inode().expect("own netns"),
-                host_inode,
-                "the calling thread's netns"
-            );
-            let include: Vec<String> = InterfaceFilter::DEFAULT_INCLUDE
-                .iter()
-                .map(|glob| glob.to_string())
-                .collect();
-            let filter =
-                InterfaceFilter::new(&include, &["vethexcl*".to_string()]).expect("filter");
+            assert_eq!(own_netns_inode().expect("own netns"), host_inode, "the calling thread's netns");
+            let include: Vec<String> = InterfaceFilter::DEFAULT_INCLUDE.iter().map(|glob| glob.to_string()).collect();
+            let filter = InterfaceFilter::new(&include, &["vethexcl*".to_string()]).expect("filter");
             let (initial, mut events) = watch_links(filter).await.expect("watch_links");
 
             let names: Vec<&str> = initial.iter().map(|link| link.name.as_str()).collect();
             assert_eq!(names, ["vethaaaa0001"], "{initial:?}");
             let first = &initial[0];
-            assert_eq!(
-                (first.kind.as_deref(), first.is_ethernet, first.up),
-                (Some("veth"), true, true)
-            );
+            assert_eq!((first.kind.as_deref(), first.is_ethernet, first.up), (Some("veth"), true, true));
             let peer = first.peer.as_ref().expect("a veth has a peer");
             assert_eq!(peer.ifindex, pod_eth0);
             assert!(peer.netnsid.is_some(), "{peer:?}");
             assert_eq!(peer.netns_inode, Some(pod_inode));
 
             // A pod veth created after the watch started, into a netns with no nsid yet.
-            ip(&[
-                "-n",
-                &host,
-                "link",
-                "add",
-                "vethbbbb0002",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                &pod2,
-            ]);
+            ip(&["-n", &host, "link", "add", "vethbbbb0002", "type", "veth", "peer", "name", "eth0", "netns", &pod2]);
             let second = added_with_peer_netns(&mut events, "vethbbbb0002").await;
             let peer = second.peer.as_ref().expect("peer");
             assert_eq!(peer.ifindex, ifindex_in(&pod2, "eth0"));
             assert_eq!(peer.netns_inode, Some(pod2_inode));
-            assert_ne!(
-                peer.netnsid,
-                first.peer.as_ref().and_then(|peer| peer.netnsid)
-            );
+            assert_ne!(peer.netnsid, first.peer.as_ref().and_then(|peer| peer.netnsid));
 
             ip(&["-n", &host, "link", "set", "vethbbbb0002", "up"]);
             assert!(changed(next_event(&mut events).await, "vethbbbb0002").up);
@@ -1513,117 +1162,52 @@ mod netns_tests {
             ip(&["-n", &host, "link", "del", "vethbbbb0002"]);
             assert_eq!(
                 next_event(&mut events).await,
-                LinkEvent::Removed {
-                    ifindex: second.ifindex,
-                    name: "vethbbbb0002".into()
-                }
+                LinkEvent::Removed { ifindex: second.ifindex, name: "vethbbbb0002".into() }
             );
+
+            // When a veth end moves to another netns, the kernel reports it deleted here
+            // and sends nothing for the end that stays: the watch asks for that one again.
+            ip(&["-n", &host, "link", "add", "vetheeee0006", "type", "veth", "peer", "name", "eth4"]);
+            let local = added(next_event(&mut events).await, "vetheeee0006");
+            assert_eq!(local.peer.as_ref().map(|peer| peer.netnsid), Some(None), "{local:?}");
+            ip(&["-n", &host, "link", "set", "eth4", "netns", &pod]);
+            let moved = changed(next_event(&mut events).await, "vetheeee0006");
+            let peer = moved.peer.as_ref().expect("peer");
+            assert_eq!((peer.ifindex, peer.netns_inode), (ifindex_in(&pod, "eth4"), Some(pod_inode)));
 
             // A veth named like OVN-Kubernetes's (no include glob matches) becomes watched
             // when its other end moves into a pod, though the kernel sends nothing for it
             // (nor for the end registered first, here the host one, once its peer exists).
-            ip(&[
-                "-n",
-                &host,
-                "link",
-                "add",
-                "eth1",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "0123456789abcde",
-            ]);
+            ip(&["-n", &host, "link", "add", "eth1", "type", "veth", "peer", "name", "0123456789abcde"]);
             ip(&["-n", &host, "link", "set", "eth1", "netns", &pod]);
             let ovn = added(next_event(&mut events).await, "0123456789abcde");
             let peer = ovn.peer.as_ref().expect("peer");
-            assert_eq!(
-                (peer.ifindex, peer.netns_inode),
-                (ifindex_in(&pod, "eth1"), Some(pod_inode))
-            );
+            assert_eq!((peer.ifindex, peer.netns_inode), (ifindex_in(&pod, "eth1"), Some(pod_inode)));
 
             // Not watched: a local pair, an excluded pod veth, bridge port changes.
-            ip(&[
-                "-n", &host, "link", "add", "other2", "type", "veth", "peer", "name", "other3",
-            ]);
-            ip(&[
-                "-n",
-                &host,
-                "link",
-                "add",
-                "vethexcl0003",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth2",
-                "netns",
-                &pod2,
-            ]);
+            ip(&["-n", &host, "link", "add", "other2", "type", "veth", "peer", "name", "other3"]);
+            ip(&["-n", &host, "link", "add", "vethexcl0003", "type", "veth", "peer", "name", "eth2", "netns", &pod2]);
             ip(&["-n", &host, "link", "add", "br-test", "type", "bridge"]);
-            ip(&[
-                "-n",
-                &host,
-                "link",
-                "set",
-                "vethaaaa0001",
-                "master",
-                "br-test",
-            ]);
+            ip(&["-n", &host, "link", "set", "vethaaaa0001", "master", "br-test"]);
             ip(&["-n", &host, "link", "set", "vethaaaa0001", "nomaster"]);
-            ip(&[
-                "-n",
-                &host,
-                "link",
-                "add",
-                "vethcccc0004",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth3",
-                "netns",
-                &pod,
-            ]);
+            ip(&["-n", &host, "link", "add", "vethcccc0004", "type", "veth", "peer", "name", "eth3", "netns", &pod]);
             let sentinel = added(next_event(&mut events).await, "vethcccc0004");
-            assert_eq!(
-                sentinel.peer.and_then(|peer| peer.netns_inode),
-                Some(pod_inode)
-            );
+            assert_eq!(sentinel.peer.and_then(|peer| peer.netns_inode), Some(pod_inode));
 
             // Renamed into an exclude glob: Removed under its old name; renamed back: Added.
-            ip(&[
-                "-n",
-                &host,
-                "link",
-                "set",
-                "0123456789abcde",
-                "name",
-                "vethexcl0009",
-            ]);
+            ip(&["-n", &host, "link", "set", "0123456789abcde", "name", "vethexcl0009"]);
             assert_eq!(
                 next_event(&mut events).await,
-                LinkEvent::Removed {
-                    ifindex: ovn.ifindex,
-                    name: "0123456789abcde".into()
-                }
+                LinkEvent::Removed { ifindex: ovn.ifindex, name: "0123456789abcde".into() }
             );
-            ip(&[
-                "-n",
-                &host,
-                "link",
-                "set",
-                "vethexcl0009",
-                "name",
-                "0123456789abcde",
-            ]);
+            ip(&["-n", &host, "link", "set", "vethexcl0009", "name", "0123456789abcde"]);
             assert_eq!(added(next_event(&mut events).await, "0123456789abcde"), ovn);
 
             // Deleting the pod netns deletes its veths with it. The kernel first reports
             // each host end closed and peerless, then deleted.
             ip(&["netns", "del", &pod]);
             let mut removed: Vec<String> = Vec::new();
-            while removed.len() < 3 {
+            while removed.len() < 4 {
                 match next_event(&mut events).await {
                     LinkEvent::Removed { name, .. } => removed.push(name),
                     LinkEvent::Changed(link) if !link.up && link.peer.is_none() => {}
@@ -1631,7 +1215,7 @@ mod netns_tests {
                 }
             }
             removed.sort();
-            assert_eq!(removed, ["0123456789abcde", "vethaaaa0001", "vethcccc0004"]);
+            assert_eq!(removed, ["0123456789abcde", "vethaaaa0001", "vethcccc0004", "vetheeee0006"]);
 
             // A netns only a process holds is found through /proc. The kernel hands it the
             // nsid the deleted pod had: a cache that missed RTM_DELNSID would name the pod.
@@ -1651,11 +1235,7 @@ mod netns_tests {
             ]);
             let held = added_with_peer_netns(&mut events, "vethdddd0005").await;
             let held_peer = held.peer.expect("peer");
-            assert_eq!(
-                held_peer.netnsid,
-                first.peer.as_ref().and_then(|peer| peer.netnsid),
-                "nsid reused"
-            );
+            assert_eq!(held_peer.netnsid, first.peer.as_ref().and_then(|peer| peer.netnsid), "nsid reused");
             assert_eq!(held_peer.netns_inode, Some(holder_inode));
 
             drop(events);
@@ -1679,28 +1259,19 @@ mod netns_tests {
             let filter = InterfaceFilter::new(&["veth*".to_string()], &[]).expect("filter");
             let mut watch = LinkWatch::open(filter).expect("open");
             // The kernel rounds this up to its minimum: room for one or two messages.
-            watch
-                .socket
-                .socket_mut()
-                .set_rx_buf_sz(1)
-                .expect("shrink the receive buffer");
+            watch.socket.socket_mut().set_rx_buf_sz(1).expect("shrink the receive buffer");
             watch.start_dump().await.expect("dump");
             let mut ignored = Vec::new();
             while watch.dump.is_some() {
                 let received = watch.socket.recv_from_full().await;
-                watch
-                    .on_received(received, &mut ignored)
-                    .await
-                    .expect("initial dump");
+                watch.on_received(received, &mut ignored).await.expect("initial dump");
             }
             assert!(watch.table.watched().is_empty());
 
             let mut expected: Vec<String> = Vec::new();
             for pair in 0..10 {
                 let (a, b) = (format!("vethov{pair}a"), format!("vethov{pair}b"));
-                ip(&[
-                    "-n", &host, "link", "add", &a, "type", "veth", "peer", "name", &b,
-                ]);
+                ip(&["-n", &host, "link", "add", &a, "type", "veth", "peer", "name", &b]);
                 expected.extend([a, b]);
             }
             let (events_tx, mut events) = mpsc::channel(EVENT_QUEUE);

@@ -21,7 +21,7 @@ fn init_logging(format: LogFormat) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => match Config::resolve(args) {
+        Command::Run(args) => match Config::resolve(*args) {
             Ok(config) => {
                 init_logging(config.log_format);
                 tokio::runtime::Builder::new_multi_thread()

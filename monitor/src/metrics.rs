@@ -91,8 +91,18 @@ impl Collector for SampleCollector {
                 })
             })
         };
-        counter(&mut encoder, "datapath_packets", "Packets seen by tc on watched interfaces.", per_direction(|c| c.packets))?;
-        counter(&mut encoder, "datapath_bytes", "Bytes (skb length) seen by tc on watched interfaces.", per_direction(|c| c.bytes))?;
+        counter(
+            &mut encoder,
+            "datapath_packets",
+            "Packets seen by tc on watched interfaces.",
+            per_direction(|c| c.packets),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_bytes",
+            "Bytes (skb length) seen by tc on watched interfaces.",
+            per_direction(|c| c.bytes),
+        )?;
         counter(&mut encoder, "datapath_tcp_resets", "TCP segments carrying RST.", per_direction(|c| c.tcp_resets))?;
         counter(
             &mut encoder,

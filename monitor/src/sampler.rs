@@ -284,7 +284,11 @@ impl Sampler {
     fn report_map_errors(&mut self, now: &[u64; MAP_ERROR_SLOTS as usize]) {
         for (slot, (reported, current)) in self.map_errors_reported.iter_mut().zip(now).enumerate() {
             if current > reported {
-                warn!(map = map_error_name(slot).unwrap_or("spare"), new = current - *reported, "kernel map full: updates lost (counted)");
+                warn!(
+                    map = map_error_name(slot).unwrap_or("spare"),
+                    new = current - *reported,
+                    "kernel map full: updates lost (counted)"
+                );
                 *reported = *current;
             }
         }

@@ -3,7 +3,6 @@
 
 use std::{
     net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
-    os::fd::AsRawFd as _,
     time::{Duration, Instant},
 };
 
@@ -115,14 +114,13 @@ fn connect_with_syn_retries(target: SocketAddr, syn_retries: i32) -> std::io::Re
             sin_zero: [0; 8],
         };
         let rc = libc::connect(fd, (&raw const sin).cast(), std::mem::size_of::<libc::sockaddr_in>() as u32);
-        let result = if rc == 0 {
+        if rc == 0 {
             Ok(std::os::fd::FromRawFd::from_raw_fd(fd))
         } else {
             let error = std::io::Error::last_os_error();
             libc::close(fd);
             Err(error)
-        };
-        result
+        }
     }
 }
 
@@ -204,12 +202,7 @@ fn count_programs(name: &str) -> Result<usize> {
 /// tcx links on any interface of the machine (older bpftool prints the type as 11).
 fn count_tcx_links() -> Result<usize> {
     let links: serde_json::Value = serde_json::from_str(&sh(&["bpftool", "-j", "link", "show"])?)?;
-    Ok(links
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|link| link["type"] == "tcx" || link["type"] == 11)
-        .count())
+    Ok(links.as_array().into_iter().flatten().filter(|link| link["type"] == "tcx" || link["type"] == 11).count())
 }
 
 #[test]
@@ -234,9 +227,11 @@ fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
         loop {
             let (_, body) = agent.get("/api/v1/interfaces")?;
             let interfaces: serde_json::Value = serde_json::from_str(&body)?;
-            let attached = interfaces.as_array().into_iter().flatten().any(|i| {
-                i["link"]["name"] == name.as_str() && !i["attach_mode"].is_null()
-            });
+            let attached = interfaces
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|i| i["link"]["name"] == name.as_str() && !i["attach_mode"].is_null());
             if attached {
                 latencies.push(created.elapsed());
                 break;
@@ -253,7 +248,8 @@ fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
         latencies[pairs * 95 / 100],
         latencies[pairs - 1]
     );
-    let m = agent.wait_metrics("all attached", |m| m.value("datapath_interfaces_attached", &[]) == base + pairs as f64)?;
+    let m =
+        agent.wait_metrics("all attached", |m| m.value("datapath_interfaces_attached", &[]) == base + pairs as f64)?;
     drop(m);
     assert_eq!(count_programs("tc_ingress")?, programs_before + 1, "one program, many links");
     assert_eq!(count_tcx_links()?, links_before + 2 * (base as usize + pairs), "{}", sh(&["bpftool", "link", "show"])?);
@@ -264,7 +260,12 @@ fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
     agent.wait_metrics("all detached", |m| m.value("datapath_interfaces_attached", &[]) == base)?;
     let status = agent.stop()?;
     assert!(status.success(), "agent exit: {status}\n{}", agent.log_text());
-    assert_eq!(count_programs("tc_ingress")?, programs_before, "programs leaked:\n{}", sh(&["bpftool", "prog", "show"])?);
+    assert_eq!(
+        count_programs("tc_ingress")?,
+        programs_before,
+        "programs leaked:\n{}",
+        sh(&["bpftool", "prog", "show"])?
+    );
     assert_eq!(count_tcx_links()?, links_before, "links leaked:\n{}", sh(&["bpftool", "link", "show"])?);
     Ok(())
 }

@@ -77,8 +77,7 @@ pub fn member_offset(btf: &Btf, name: &str, path: &[&str]) -> Result<u32, Datapa
     let mut current = find_struct(btf, name).ok_or_else(|| btf_error(describe()))?;
     let mut bits = 0u32;
     for (depth, field) in path.iter().enumerate() {
-        let (offset, member_type) =
-            find_member(btf, &current, field).ok_or_else(|| btf_error(describe()))?;
+        let (offset, member_type) = find_member(btf, &current, field).ok_or_else(|| btf_error(describe()))?;
         bits += offset;
         if depth + 1 < path.len() {
             current = match strip_modifiers(btf, member_type) {
@@ -87,7 +86,7 @@ pub fn member_offset(btf: &Btf, name: &str, path: &[&str]) -> Result<u32, Datapa
             };
         }
     }
-    if bits % 8 != 0 {
+    if !bits.is_multiple_of(8) {
         return Err(DatapathError::Btf { what: describe(), source: "is a bitfield".into() });
     }
     Ok(bits / 8)
@@ -134,11 +133,8 @@ fn strip_modifiers(btf: &Btf, mut current: Type) -> Option<Type> {
 
 /// Reason names by value, from `enum skb_drop_reason` and the subsystem enums that extend it.
 fn drop_reasons(btf: &Btf) -> BTreeMap<u32, String> {
-    const ENUMS: &[(&str, &str)] = &[
-        ("skb_drop_reason", "SKB_DROP_REASON_"),
-        ("ovs_drop_reason", ""),
-        ("mac80211_drop_reason", ""),
-    ];
+    const ENUMS: &[(&str, &str)] =
+        &[("skb_drop_reason", "SKB_DROP_REASON_"), ("ovs_drop_reason", ""), ("mac80211_drop_reason", "")];
     let mut reasons = BTreeMap::new();
     for (enum_name, prefix) in ENUMS {
         let Ok(types) = btf.resolve_types_by_name(enum_name) else { continue };
@@ -182,9 +178,8 @@ pub fn parse_kfree_skb_format(format: &str) -> Result<TracepointLayout, Datapath
             _ => {}
         }
     }
-    let skbaddr = skbaddr.ok_or_else(|| DatapathError::Tracepoint {
-        what: "kfree_skb format has no skbaddr field".into(),
-    })?;
+    let skbaddr =
+        skbaddr.ok_or_else(|| DatapathError::Tracepoint { what: "kfree_skb format has no skbaddr field".into() })?;
     Ok(TracepointLayout { skbaddr, reason })
 }
 

@@ -17,10 +17,10 @@ use aya::{
     sys::{Stats, enable_stats},
 };
 use monitor_common::{
-    DROPS_MAP, DropKey, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON,
-    GLOBAL_NET_INUM_OFFSET, GLOBAL_SKB_DEV_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET,
-    INTERFACE_COUNTERS_MAP, InterfaceCounters, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM,
-    MAP_ERROR_SLOTS, MAP_ERRORS_MAP, TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM,
+    DROPS_MAP, DropKey, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_NET_INUM_OFFSET,
+    GLOBAL_SKB_DEV_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET, INTERFACE_COUNTERS_MAP,
+    InterfaceCounters, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM, MAP_ERROR_SLOTS, MAP_ERRORS_MAP,
+    TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM,
 };
 use serde::Serialize;
 use tracing::{debug, info, warn};
@@ -39,15 +39,15 @@ pub enum DatapathError {
     #[error("mounting {fstype} on {target}: {source}")]
     Mount { target: &'static str, fstype: &'static str, source: std::io::Error },
     #[error("loading the kernel programs: {0}")]
-    Load(#[from] aya::EbpfError),
+    Load(#[from] Box<aya::EbpfError>),
     #[error("program {name}: {source}")]
-    Program { name: &'static str, source: ProgramError },
+    Program { name: &'static str, source: Box<ProgramError> },
     #[error("map {name}: {source}")]
-    Map { name: &'static str, source: MapError },
+    Map { name: &'static str, source: Box<MapError> },
     #[error("{0} is missing from the kernel object")]
     Missing(&'static str),
     #[error("attaching to {interface}: tcx: {tcx}; clsact: {clsact}")]
-    Attach { interface: String, tcx: ProgramError, clsact: String },
+    Attach { interface: String, tcx: String, clsact: String },
 }
 
 /// How the tc programs hang on an interface.
@@ -132,12 +132,13 @@ impl Datapath {
             .override_global(GLOBAL_TP_SKBADDR_OFFSET, &tp_skbaddr, true)
             .override_global(GLOBAL_TP_REASON_OFFSET, &tp_reason, true)
             .override_global(GLOBAL_HAS_REASON, &has_reason, true)
-            .load(PROGRAMS_OBJECT)?;
+            .load(PROGRAMS_OBJECT)
+            .map_err(Box::new)?;
 
         let mut probes = ProbeReport::default();
         for name in [TC_INGRESS_PROGRAM, TC_EGRESS_PROGRAM] {
             let program: &mut SchedClassifier = program_mut(&mut ebpf, name)?;
-            program.load().map_err(|source| DatapathError::Program { name, source })?;
+            program.load().map_err(|source| DatapathError::Program { name, source: Box::new(source) })?;
         }
         // Becomes "tcx" or "clsact" at the first attach.
         probes.probes.insert("tc", Some("loaded".into()));
@@ -167,7 +168,7 @@ impl Datapath {
         let map_errors = take_map(&mut ebpf, MAP_ERRORS_MAP)?;
         let nr_cpus = aya::util::nr_cpus().map_err(|(_, error)| DatapathError::Map {
             name: "nr_cpus",
-            source: MapError::SyscallError(aya::sys::SyscallError { call: "nr_cpus", io_error: error }),
+            source: Box::new(MapError::SyscallError(aya::sys::SyscallError { call: "nr_cpus", io_error: error })),
         })?;
         Ok(Self {
             ebpf,
@@ -269,7 +270,7 @@ impl Datapath {
             }
             Err(clsact) => Err(DatapathError::Attach {
                 interface: interface.to_string(),
-                tcx: tcx_error,
+                tcx: tcx_error.to_string(),
                 clsact: clsact.to_string(),
             }),
         }
@@ -280,13 +281,16 @@ impl Datapath {
         let zeros = PerCpuValues::try_from(vec![InterfaceCounters::default(); self.nr_cpus]).map_err(|error| {
             DatapathError::Map {
                 name: INTERFACE_COUNTERS_MAP,
-                source: MapError::SyscallError(aya::sys::SyscallError { call: "per-cpu values", io_error: error }),
+                source: Box::new(MapError::SyscallError(aya::sys::SyscallError {
+                    call: "per-cpu values",
+                    io_error: error,
+                })),
             }
         })?;
         match self.interface_counters.insert(ifindex, zeros, BPF_NOEXIST) {
             Ok(()) => Ok(()),
             Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-            Err(source) => Err(DatapathError::Map { name: INTERFACE_COUNTERS_MAP, source }),
+            Err(source) => Err(DatapathError::Map { name: INTERFACE_COUNTERS_MAP, source: Box::new(source) }),
         }
     }
 
@@ -382,7 +386,7 @@ where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
 {
     let program = ebpf.program_mut(name).ok_or(DatapathError::Missing(name))?;
-    program.try_into().map_err(|source| DatapathError::Program { name, source })
+    program.try_into().map_err(|source| DatapathError::Program { name, source: Box::new(source) })
 }
 
 fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DatapathError>
@@ -390,7 +394,7 @@ where
     T: TryFrom<aya::maps::Map, Error = MapError>,
 {
     let map = ebpf.take_map(name).ok_or(DatapathError::Missing(name))?;
-    T::try_from(map).map_err(|source| DatapathError::Map { name, source })
+    T::try_from(map).map_err(|source| DatapathError::Map { name, source: Box::new(source) })
 }
 
 /// tp_btf first (cheaper, typed), else the classic tracepoint. Returns the variant used.
@@ -401,7 +405,7 @@ fn attach_drop_tracer(ebpf: &mut Ebpf) -> Result<&'static str, String> {
                 program
                     .load("kfree_skb", &btf)
                     .and_then(|()| program.attach().map(drop))
-                    .map_err(|source| DatapathError::Program { name: KFREE_SKB_BTF_PROGRAM, source })
+                    .map_err(|source| DatapathError::Program { name: KFREE_SKB_BTF_PROGRAM, source: Box::new(source) })
             });
             match attached {
                 Ok(()) => return Ok("tp_btf"),
@@ -415,7 +419,7 @@ fn attach_drop_tracer(ebpf: &mut Ebpf) -> Result<&'static str, String> {
         program
             .load()
             .and_then(|()| program.attach("skb", "kfree_skb").map(drop))
-            .map_err(|source| DatapathError::Program { name: KFREE_SKB_TRACEPOINT_PROGRAM, source })
+            .map_err(|source| DatapathError::Program { name: KFREE_SKB_TRACEPOINT_PROGRAM, source: Box::new(source) })
     });
     match attached {
         Ok(()) => Ok("tracepoint"),

@@ -22,9 +22,8 @@ pub fn ensure_mounted() -> Result<Vec<&'static str>, DatapathError> {
         if !marker.is_empty() && Path::new(target).join(marker).exists() {
             continue;
         }
-        mount(Some(fstype), target, Some(fstype), MsFlags::empty(), None::<&str>).map_err(|errno| {
-            DatapathError::Mount { target, fstype, source: std::io::Error::from(errno) }
-        })?;
+        mount(Some(fstype), target, Some(fstype), MsFlags::empty(), None::<&str>)
+            .map_err(|errno| DatapathError::Mount { target, fstype, source: std::io::Error::from(errno) })?;
         info!(target, fstype, "mounted");
         mounted.push(target);
     }
