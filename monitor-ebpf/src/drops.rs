@@ -67,12 +67,12 @@ pub fn kfree_skb_tp(ctx: TracePointContext) -> u32 {
 fn record_drop(skb: *const u8, reason: u32) {
     let (netns, ifindex) = device_of(skb).unwrap_or((0, 0));
     let key = DropKey { netns, ifindex, reason, _pad: 0 };
-    if let Some(count) = DROPS.get_ptr_mut(&key) {
+    if let Some(count) = DROPS.get_ptr_mut(key) {
         // SAFETY: per-CPU value; this CPU is its only writer while we run.
         unsafe { *count += 1 };
         return;
     }
-    if DROPS.insert(&key, &1, 0).is_err() {
+    if DROPS.insert(key, 1, 0).is_err() {
         count_map_error(MAP_ERROR_DROPS_FULL);
     }
 }

@@ -68,14 +68,14 @@ fn observe(ctx: &TcContext, ingress: bool) {
 
 /// The agent creates each entry when it attaches; create it here only if it raced us.
 fn interface_counters(ifindex: u32) -> Option<*mut InterfaceCounters> {
-    if let Some(counters) = INTERFACE_COUNTERS.get_ptr_mut(&ifindex) {
+    if let Some(counters) = INTERFACE_COUNTERS.get_ptr_mut(ifindex) {
         return Some(counters);
     }
-    if INTERFACE_COUNTERS.insert(&ifindex, &InterfaceCounters::default(), 0).is_err() {
+    if INTERFACE_COUNTERS.insert(ifindex, InterfaceCounters::default(), 0).is_err() {
         count_map_error(MAP_ERROR_INTERFACE_INSERT);
         return None;
     }
-    INTERFACE_COUNTERS.get_ptr_mut(&ifindex)
+    INTERFACE_COUNTERS.get_ptr_mut(ifindex)
 }
 
 fn observe_tcp(ctx: &TcContext, ifindex: u32, direction: &mut DirectionCounters) -> Result<(), i64> {
@@ -117,12 +117,12 @@ fn observe_tcp(ctx: &TcContext, ifindex: u32, direction: &mut DirectionCounters)
     if flags & TCP_RST != 0 {
         direction.tcp_resets += 1;
         // A reset answers the handshake it refuses.
-        let _ = FLOWS.remove(&reversed(&key));
+        let _ = FLOWS.remove(reversed(&key));
     } else if flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
         let seq = u32::from_be(ctx.load::<u32>(l4 + 4)?);
         syn_seen(&key, seq, direction);
     } else if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK {
-        let _ = FLOWS.remove(&reversed(&key));
+        let _ = FLOWS.remove(reversed(&key));
     }
     Ok(())
 }
@@ -144,7 +144,7 @@ fn syn_seen(key: &FlowKey, seq: u32, direction: &mut DirectionCounters) {
         return;
     }
     let state = FlowState { last_syn_ns: now, syn_seq: seq, syns: 1 };
-    if FLOWS.insert(key, &state, 0).is_err() {
+    if FLOWS.insert(key, state, 0).is_err() {
         count_map_error(MAP_ERROR_FLOWS_INSERT);
     }
 }

@@ -28,7 +28,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         info!(?mounted, "mounted missing pseudo filesystems");
     }
     let filter = InterfaceFilter::new(&config.interfaces, &config.exclude).context("interface globs")?;
-    let datapath = Datapath::load().context("loading the kernel programs (are you root, with BTF?)")?;
+    let datapath =
+        Datapath::load(config.datapath_options()).context("loading the kernel programs (are you root, with BTF?)")?;
     let own_netns = interfaces::own_netns_inode().context("reading this network namespace")?;
     let sampler = Arc::new(Mutex::new(Sampler::new(datapath, own_netns, config.removed_interface_grace())));
 

@@ -10,7 +10,10 @@ use std::{
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
-use crate::interfaces::InterfaceFilter;
+use crate::{
+    datapath::{DatapathOptions, DropTracerChoice, TcAttachChoice},
+    interfaces::InterfaceFilter,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "datapath-monitor", version, about = "Node-level eBPF datapath continuity monitor")]
@@ -75,6 +78,12 @@ pub struct RunArgs {
     /// How often the kernel counters are read.
     #[arg(long, env = "DATAPATH_MONITOR_SAMPLE_INTERVAL_MS")]
     pub sample_interval_ms: Option<u64>,
+    /// How tc programs attach: auto (tcx, else clsact), tcx, clsact.
+    #[arg(long, env = "DATAPATH_MONITOR_TC_ATTACH")]
+    pub tc_attach: Option<TcAttachChoice>,
+    /// Which drop tracer: auto (tp_btf, else the classic tracepoint), tp-btf, tracepoint.
+    #[arg(long, env = "DATAPATH_MONITOR_DROP_TRACER")]
+    pub drop_tracer: Option<DropTracerChoice>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, ValueEnum)]
@@ -99,6 +108,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub removed_interface_grace_seconds: u64,
     pub sample_interval_ms: u64,
+    pub tc_attach: TcAttachChoice,
+    pub drop_tracer: DropTracerChoice,
 }
 
 impl Default for Config {
@@ -130,6 +141,8 @@ impl Default for Config {
             log_format: LogFormat::Text,
             removed_interface_grace_seconds: 300,
             sample_interval_ms: 250,
+            tc_attach: TcAttachChoice::Auto,
+            drop_tracer: DropTracerChoice::Auto,
         }
     }
 }
@@ -163,6 +176,8 @@ impl Config {
             log_format,
             removed_interface_grace_seconds,
             sample_interval_ms,
+            tc_attach,
+            drop_tracer,
         } = args;
         let mut resolved = match config {
             Some(path) => {
@@ -203,6 +218,12 @@ impl Config {
         if let Some(ms) = sample_interval_ms {
             resolved.sample_interval_ms = ms;
         }
+        if let Some(choice) = tc_attach {
+            resolved.tc_attach = choice;
+        }
+        if let Some(choice) = drop_tracer {
+            resolved.drop_tracer = choice;
+        }
         resolved.validate()?;
         Ok(resolved)
     }
@@ -227,6 +248,10 @@ impl Config {
 
     pub fn sample_interval(&self) -> Duration {
         Duration::from_millis(self.sample_interval_ms)
+    }
+
+    pub fn datapath_options(&self) -> DatapathOptions {
+        DatapathOptions { tc_attach: self.tc_attach, drop_tracer: self.drop_tracer }
     }
 
     pub fn removed_interface_grace(&self) -> Duration {
@@ -275,12 +300,18 @@ mod tests {
             "br0",
             "--log-format",
             "json",
+            "--tc-attach",
+            "clsact",
+            "--drop-tracer",
+            "tracepoint",
         ]))
         .unwrap();
         assert_eq!(config.listen.to_string(), "0.0.0.0:9000");
         assert_eq!(config.interfaces, vec!["dm*", "br0"]);
         assert_eq!(config.sample_interval_ms, 100);
         assert_eq!(config.log_format, LogFormat::Json);
+        assert_eq!(config.tc_attach, TcAttachChoice::Clsact);
+        assert_eq!(config.drop_tracer, DropTracerChoice::Tracepoint);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

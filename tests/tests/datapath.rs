@@ -28,13 +28,27 @@ fn send_udp(from: &Netns, to: SocketAddr, count: usize) -> Result<()> {
     })?
 }
 
+/// The fallbacks older kernels get, forced on this one: clsact instead of tcx, and the
+/// classic tracepoint (offsets from its format file) instead of tp_btf.
+const FALLBACKS: &[&str] = &["--tc-attach", "clsact", "--drop-tracer", "tracepoint"];
+
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
 fn packets_and_bytes_are_counted_exactly_per_direction() -> Result<()> {
+    packets_and_bytes(&[], 1)
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn packets_and_bytes_with_clsact_and_classic_tracepoint() -> Result<()> {
+    packets_and_bytes(FALLBACKS, 6)
+}
+
+fn packets_and_bytes(agent_args: &[&str], subnet: u8) -> Result<()> {
     require_root();
     let host = Netns::new("dmth")?;
-    let pod = Pod::new(&host, 1)?;
-    let agent = Agent::start(&host, &[])?;
+    let pod = Pod::new(&host, subnet)?;
+    let agent = Agent::start(&host, agent_args)?;
     let sent = 100;
 
     // A listener on the host, so nothing is dropped and nothing (ICMP) comes back.
@@ -173,10 +187,20 @@ fn syn_retransmits_into_a_drop_rule_are_counted_and_healthy_connects_are_not() -
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
 fn udp_to_closed_ports_counts_no_socket_drops_on_both_sides() -> Result<()> {
+    no_socket_drops(&[], 4)
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn no_socket_drops_with_clsact_and_classic_tracepoint() -> Result<()> {
+    no_socket_drops(FALLBACKS, 7)
+}
+
+fn no_socket_drops(agent_args: &[&str], subnet: u8) -> Result<()> {
     require_root();
     let host = Netns::new("dmth")?;
-    let pod = Pod::new(&host, 4)?;
-    let agent = Agent::start(&host, &[])?;
+    let pod = Pod::new(&host, subnet)?;
+    let agent = Agent::start(&host, agent_args)?;
     let no_socket = [("interface", pod.veth.as_str()), ("reason", "NO_SOCKET")];
 
     // Pod to a closed host port: dropped in the host namespace on the host-side veth.
@@ -192,6 +216,11 @@ fn udp_to_closed_ports_counts_no_socket_drops_on_both_sides() -> Result<()> {
     settle();
     let m = agent.metrics()?;
     assert_eq!(m.value("datapath_drops_total", &no_socket), 35.0, "{}", m.text);
+    let (_, readyz) = agent.get("/readyz")?;
+    let expected = if agent_args.is_empty() { ["tcx", "tp_btf"] } else { ["clsact", "tracepoint"] };
+    for variant in expected {
+        ensure!(readyz.contains(&format!("\"{variant}\"")), "{variant} not in /readyz: {readyz}");
+    }
     Ok(())
 }
 
@@ -258,6 +287,10 @@ fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
         host.exec(&["ip", "link", "del", name])?;
     }
     agent.wait_metrics("all detached", |m| m.value("datapath_interfaces_attached", &[]) == base)?;
+    // Removed interfaces keep their series for the grace period (2 s here), then lose them.
+    let first = [("interface", names[0].as_str())];
+    agent
+        .wait_metrics("removed series dropped after the grace period", |m| !m.has("datapath_packets_total", &first))?;
     let status = agent.stop()?;
     assert!(status.success(), "agent exit: {status}\n{}", agent.log_text());
     assert_eq!(

@@ -22,19 +22,13 @@ pub fn build(release: bool) -> anyhow::Result<PathBuf> {
 /// Builds the agent, assuming the toolchain is ready, and returns the binary's absolute path.
 pub fn build_agent(workspace: &Workspace, release: bool) -> anyhow::Result<PathBuf> {
     let mut cargo = command::cargo();
-    cargo
-        .current_dir(&workspace.root)
-        .args(["build", "--package", AGENT_PACKAGE]);
+    cargo.current_dir(&workspace.root).args(["build", "--package", AGENT_PACKAGE]);
     if release {
         cargo.arg("--release");
     }
     command::run(&mut cargo).context("building the agent")?;
     let profile = if release { "release" } else { "debug" };
     let binary = workspace.target_dir.join(profile).join(AGENT_BINARY);
-    ensure!(
-        binary.is_file(),
-        "the build succeeded but {} is missing",
-        binary.display()
-    );
+    ensure!(binary.is_file(), "the build succeeded but {} is missing", binary.display());
     Ok(binary)
 }

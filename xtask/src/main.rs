@@ -12,10 +12,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    about = "Project tasks for datapath-monitor",
-    disable_help_subcommand = true
-)]
+#[command(about = "Project tasks for datapath-monitor", disable_help_subcommand = true)]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -61,13 +58,7 @@ fn main() -> ExitCode {
         Task::Setup { check } => setup::setup(check),
         Task::Build { release } => build::build(release).map(|_agent| ()),
         Task::Run { release, args } => run::run(release, &args),
-        Task::Test { unit, e2e, filter } => test::test(
-            test::Selection {
-                unit: !e2e,
-                e2e: !unit,
-            },
-            &filter,
-        ),
+        Task::Test { unit, e2e, filter } => test::test(test::Selection { unit: !e2e, e2e: !unit }, &filter),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -31,16 +31,8 @@ const BPF_LINKER_VERSION: &str = "~0.13";
 
 /// llvm-22-dev and libpolly-22-dev build bpf-linker; the rest build the lab and drive the
 /// end-to-end tests.
-const APT_PACKAGES: &[&str] = &[
-    "llvm-22-dev",
-    "libpolly-22-dev",
-    "iproute2",
-    "iptables",
-    "bpftool",
-    "ethtool",
-    "curl",
-    "procps",
-];
+const APT_PACKAGES: &[&str] =
+    &["llvm-22-dev", "libpolly-22-dev", "iproute2", "iptables", "bpftool", "ethtool", "curl", "procps"];
 
 /// In install order: bpf-linker builds against the LLVM the apt step installs.
 const REQUIREMENTS: &[&dyn Requirement] = &[&AptPackages, &RustToolchains, &BpfLinker];
@@ -116,10 +108,7 @@ pub fn ensure_ready() -> anyhow::Result<()> {
         println!("ok: build and test requirements present (details: cargo xtask setup --check)");
         return Ok(());
     }
-    println!(
-        "missing: {}; running `cargo xtask setup`",
-        missing.join("; ")
-    );
+    println!("missing: {}; running `cargo xtask setup`", missing.join("; "));
     setup(false)
 }
 
@@ -135,10 +124,7 @@ fn install_by_hand() -> String {
         "  - rustup (https://rustup.rs), then: rustup toolchain install nightly --profile minimal \
          && rustup component add rust-src clippy --toolchain nightly && rustup component add clippy"
             .to_owned(),
-        format!(
-            "  - bpf-linker: PATH=<LLVM 22 prefix>/bin:$PATH {}",
-            command::display(&bpf_linker)
-        ),
+        format!("  - bpf-linker: PATH=<LLVM 22 prefix>/bin:$PATH {}", command::display(&bpf_linker)),
     ]
     .join("\n")
 }
@@ -151,14 +137,9 @@ struct Distribution {
 
 impl Distribution {
     fn detect() -> Self {
-        match fs::read_to_string("/etc/os-release")
-            .or_else(|_| fs::read_to_string("/usr/lib/os-release"))
-        {
+        match fs::read_to_string("/etc/os-release").or_else(|_| fs::read_to_string("/usr/lib/os-release")) {
             Ok(os_release) => Self::parse(&os_release),
-            Err(_) => Self {
-                name: "unknown (no /etc/os-release)".to_owned(),
-                has_apt: false,
-            },
+            Err(_) => Self { name: "unknown (no /etc/os-release)".to_owned(), has_apt: false },
         }
     }
 
@@ -166,19 +147,13 @@ impl Distribution {
         let field = |key: &str| {
             os_release.lines().find_map(|line| {
                 let value = line.strip_prefix(key)?.strip_prefix('=')?;
-                Some(
-                    value
-                        .trim()
-                        .trim_matches(|c| c == '"' || c == '\'')
-                        .to_owned(),
-                )
+                Some(value.trim().trim_matches(|c| c == '"' || c == '\'').to_owned())
             })
         };
         let id = field("ID").unwrap_or_default();
         let id_like = field("ID_LIKE").unwrap_or_default();
-        let has_apt = iter::once(id.as_str())
-            .chain(id_like.split_whitespace())
-            .any(|id| id == "debian" || id == "ubuntu");
+        let has_apt =
+            iter::once(id.as_str()).chain(id_like.split_whitespace()).any(|id| id == "debian" || id == "ubuntu");
         let name = field("PRETTY_NAME").unwrap_or_else(|| format!("ID={id}"));
         Self { name, has_apt }
     }
@@ -202,9 +177,7 @@ struct AptPackages;
 impl AptPackages {
     fn missing() -> anyhow::Result<Vec<&'static str>> {
         let mut query = command("dpkg-query");
-        query
-            .args(["-W", "-f=${Package}\t${Status}\n"])
-            .args(APT_PACKAGES);
+        query.args(["-W", "-f=${Package}\t${Status}\n"]).args(APT_PACKAGES);
         // Exits 1 when dpkg has never heard of a package; the others are still listed.
         let output = query
             .stdin(Stdio::null())
@@ -213,11 +186,7 @@ impl AptPackages {
             .with_context(|| format!("starting `{}`", command::display(&query)))?;
         let listing = String::from_utf8_lossy(&output.stdout);
         let installed = installed_packages(&listing);
-        Ok(APT_PACKAGES
-            .iter()
-            .copied()
-            .filter(|package| !installed.contains(package))
-            .collect())
+        Ok(APT_PACKAGES.iter().copied().filter(|package| !installed.contains(package)).collect())
     }
 }
 
@@ -254,14 +223,12 @@ impl Requirement for AptPackages {
     }
 }
 
-/// Rust components the tasks use beyond rustc and cargo: (toolchain, component, why).
+/// A rustup component the tasks use beyond rustc and cargo: (toolchain, component, why).
 /// `None` is the toolchain rustup picks here (stable unless overridden).
-const RUST_COMPONENTS: &[(Option<&str>, &str, &str)] = &[
-    (
-        Some("nightly"),
-        "rust-src",
-        "build-std=core for the bpf target",
-    ),
+type RustComponent = (Option<&'static str>, &'static str, &'static str);
+
+const RUST_COMPONENTS: &[RustComponent] = &[
+    (Some("nightly"), "rust-src", "build-std=core for the bpf target"),
     (Some("nightly"), "clippy", "lints the eBPF crate"),
     (None, "clippy", "lints the workspace"),
 ];
@@ -274,7 +241,8 @@ impl RustToolchains {
         Ok(lists_nightly(&toolchains))
     }
 
-    fn missing_components() -> anyhow::Result<Vec<(Option<&'static str>, &'static str)>> {
+    /// The entries of [`RUST_COMPONENTS`] that are not installed.
+    fn missing_components() -> anyhow::Result<Vec<RustComponent>> {
         let mut missing = Vec::new();
         for toolchain in [Some("nightly"), None] {
             let mut list = command("rustup");
@@ -286,10 +254,8 @@ impl RustToolchains {
             missing.extend(
                 RUST_COMPONENTS
                     .iter()
-                    .filter(|(wanted, component, _)| {
-                        *wanted == toolchain && !lists_component(&installed, component)
-                    })
-                    .map(|(_, component, _)| (toolchain, *component)),
+                    .copied()
+                    .filter(|(wanted, component, _)| *wanted == toolchain && !lists_component(&installed, component)),
             );
         }
         Ok(missing)
@@ -308,19 +274,15 @@ fn lists_nightly(toolchains: &str) -> bool {
 
 /// Whether `rustup component list --installed` shows `component` (bare or with a target suffix).
 fn lists_component(installed: &str, component: &str) -> bool {
-    installed.lines().map(str::trim).any(|line| {
-        line == component
-            || line
-                .strip_prefix(component)
-                .is_some_and(|rest| rest.starts_with('-'))
-    })
+    installed
+        .lines()
+        .map(str::trim)
+        .any(|line| line == component || line.strip_prefix(component).is_some_and(|rest| rest.starts_with('-')))
 }
 
 /// The value of `key: value` in `rustc -vV` output.
 fn rustc_field<'a>(version: &'a str, key: &str) -> Option<&'a str> {
-    version
-        .lines()
-        .find_map(|line| line.strip_prefix(key)?.strip_prefix(':').map(str::trim))
+    version.lines().find_map(|line| line.strip_prefix(key)?.strip_prefix(':').map(str::trim))
 }
 
 impl Requirement for RustToolchains {
@@ -329,30 +291,22 @@ impl Requirement for RustToolchains {
             return Ok(State::Missing("rustup".to_owned()));
         }
         if !Self::has_nightly()? {
-            return Ok(State::Missing(
-                "rust nightly toolchain with rust-src and clippy".to_owned(),
-            ));
+            return Ok(State::Missing("rust nightly toolchain with rust-src and clippy".to_owned()));
         }
         let missing = Self::missing_components()?;
         if !missing.is_empty() {
             let names: Vec<String> = missing
                 .iter()
-                .map(|(toolchain, component)| {
-                    format!("{component} ({})", toolchain.unwrap_or("default toolchain"))
+                .map(|(toolchain, component, why)| {
+                    format!("{component} for {} ({why})", toolchain.unwrap_or("the default toolchain"))
                 })
                 .collect();
-            return Ok(State::Missing(format!(
-                "rust components {}",
-                names.join(", ")
-            )));
+            return Ok(State::Missing(format!("rust components {}", names.join(", "))));
         }
         let version = stdout(command("rustc").args(["+nightly", "-vV"]))?;
         let release = rustc_field(&version, "release").unwrap_or("unknown");
         let llvm = rustc_field(&version, "LLVM version").unwrap_or("unknown");
-        let rustc_llvm_major = llvm
-            .split('.')
-            .next()
-            .and_then(|major| major.parse::<u32>().ok());
+        let rustc_llvm_major = llvm.split('.').next().and_then(|major| major.parse::<u32>().ok());
         let warning = match rustc_llvm_major {
             Some(major) if major > LLVM_MAJOR => format!(
                 "; warning: bpf-linker's LLVM {LLVM_MAJOR} is older than nightly's, \
@@ -367,20 +321,12 @@ impl Requirement for RustToolchains {
 
     fn install(&self) -> anyhow::Result<()> {
         if find_program("rustup").is_none() {
-            bail!(
-                "rustup is not installed: install it from https://rustup.rs, then run `cargo xtask setup` again"
-            );
+            bail!("rustup is not installed: install it from https://rustup.rs, then run `cargo xtask setup` again");
         }
         if !Self::has_nightly()? {
-            command::run(command("rustup").args([
-                "toolchain",
-                "install",
-                "nightly",
-                "--profile",
-                "minimal",
-            ]))?;
+            command::run(command("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
         }
-        for (toolchain, component) in Self::missing_components()? {
+        for (toolchain, component, _) in Self::missing_components()? {
             let mut add = command("rustup");
             add.args(["component", "add", component]);
             if let Some(toolchain) = toolchain {
@@ -408,10 +354,9 @@ impl Requirement for BpfLinker {
             Some(major) if major == LLVM_MAJOR => {
                 State::Present(format!("{version} (LLVM {major}) at {}", path.display()))
             }
-            Some(major) => State::Missing(format!(
-                "{version} at {} links LLVM {major}, need LLVM {LLVM_MAJOR}",
-                path.display()
-            )),
+            Some(major) => {
+                State::Missing(format!("{version} at {} links LLVM {major}, need LLVM {LLVM_MAJOR}", path.display()))
+            }
             None => State::Present(format!(
                 "{version} at {} (its LLVM major is unknown: not linked to a shared libLLVM)",
                 path.display()
@@ -425,9 +370,8 @@ impl Requirement for BpfLinker {
         if let State::Present(_) = self.check()? {
             return Ok(());
         }
-        command::run(&mut bpf_linker_install_command()).context(
-            "installing bpf-linker (needs the apt packages llvm-22-dev and libpolly-22-dev)",
-        )
+        command::run(&mut bpf_linker_install_command())
+            .context("installing bpf-linker (needs the apt packages llvm-22-dev and libpolly-22-dev)")
     }
 }
 
@@ -457,9 +401,8 @@ fn bpf_linker_install_command() -> Command {
 /// The LLVM major `bpf-linker` was built for: the shared libLLVM it links, or else the
 /// feature cargo recorded when it installed it.
 fn llvm_major(bpf_linker: &Path) -> Option<u32> {
-    let linked = command::stdout(Command::new("ldd").arg(bpf_linker))
-        .ok()
-        .and_then(|libraries| linked_llvm_major(&libraries));
+    let linked =
+        command::stdout(Command::new("ldd").arg(bpf_linker)).ok().and_then(|libraries| linked_llvm_major(&libraries));
     linked.or_else(|| {
         let cargo_bin = command::cargo_bin_dir()?;
         if bpf_linker.parent() != Some(cargo_bin.as_path()) {
@@ -473,9 +416,7 @@ fn llvm_major(bpf_linker: &Path) -> Option<u32> {
 /// The major of `libLLVM.so.22.1` or `libLLVM-22.so` in `ldd` output.
 fn linked_llvm_major(libraries: &str) -> Option<u32> {
     libraries.split_whitespace().find_map(|word| {
-        let rest = word
-            .strip_prefix("libLLVM.so.")
-            .or_else(|| word.strip_prefix("libLLVM-"))?;
+        let rest = word.strip_prefix("libLLVM.so.").or_else(|| word.strip_prefix("libLLVM-"))?;
         rest.split(['.', '-']).next()?.parse().ok()
     })
 }
@@ -483,14 +424,9 @@ fn linked_llvm_major(libraries: &str) -> Option<u32> {
 /// The `llvm-NN` feature of bpf-linker in cargo's `.crates2.json`.
 fn installed_llvm_feature(crates2: &str) -> Option<u32> {
     let installs: serde_json::Value = serde_json::from_str(crates2).ok()?;
-    let (_, install) = installs["installs"]
-        .as_object()?
-        .iter()
-        .find(|(package, _)| package.starts_with("bpf-linker "))?;
-    install["features"]
-        .as_array()?
-        .iter()
-        .find_map(|feature| feature.as_str()?.strip_prefix("llvm-")?.parse().ok())
+    let (_, install) =
+        installs["installs"].as_object()?.iter().find(|(package, _)| package.starts_with("bpf-linker "))?;
+    install["features"].as_array()?.iter().find_map(|feature| feature.as_str()?.strip_prefix("llvm-")?.parse().ok())
 }
 
 /// The `cargo install … bpf-linker` processes running on this machine (never this one).
@@ -511,14 +447,8 @@ fn bpf_linker_installers() -> Vec<u32> {
 
 /// Whether a NUL-separated /proc/PID/cmdline is `cargo … install … bpf-linker[@version] …`.
 fn installs_bpf_linker(cmdline: &[u8]) -> bool {
-    let args: Vec<&OsStr> = cmdline
-        .split(|byte| *byte == 0)
-        .map(OsStr::from_bytes)
-        .collect();
-    let Some(cargo_at) = args
-        .iter()
-        .position(|arg| Path::new(arg).file_name() == Some(OsStr::new("cargo")))
-    else {
+    let args: Vec<&OsStr> = cmdline.split(|byte| *byte == 0).map(OsStr::from_bytes).collect();
+    let Some(cargo_at) = args.iter().position(|arg| Path::new(arg).file_name() == Some(OsStr::new("cargo"))) else {
         return false;
     };
     let after_cargo = &args[cargo_at + 1..];
@@ -550,9 +480,8 @@ mod tests {
 
     #[test]
     fn debian_and_its_derivatives_have_apt() {
-        let debian = Distribution::parse(
-            "PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nID=debian\nVERSION_ID=\"12\"\n",
-        );
+        let debian =
+            Distribution::parse("PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nID=debian\nVERSION_ID=\"12\"\n");
         assert!(debian.has_apt);
         assert_eq!(debian.name, "Debian GNU/Linux 12 (bookworm)");
         assert!(Distribution::parse("ID=ubuntu\nID_LIKE=debian\n").has_apt);
@@ -577,42 +506,26 @@ mod tests {
 
     #[test]
     fn rolling_nightly_is_found_but_not_a_dated_one() {
-        assert!(lists_nightly(
-            "stable-x86_64-unknown-linux-gnu (active, default)\nnightly-x86_64-unknown-linux-gnu\n"
-        ));
-        assert!(!lists_nightly(
-            "nightly-2025-01-01-x86_64-unknown-linux-gnu\n"
-        ));
-        assert!(!lists_nightly(
-            "stable-x86_64-unknown-linux-gnu (default)\n"
-        ));
+        assert!(lists_nightly("stable-x86_64-unknown-linux-gnu (active, default)\nnightly-x86_64-unknown-linux-gnu\n"));
+        assert!(!lists_nightly("nightly-2025-01-01-x86_64-unknown-linux-gnu\n"));
+        assert!(!lists_nightly("stable-x86_64-unknown-linux-gnu (default)\n"));
     }
 
     #[test]
     fn components_match_with_or_without_target_suffix() {
-        let installed =
-            "cargo-x86_64-unknown-linux-gnu\nclippy-x86_64-unknown-linux-gnu\nrust-src\n";
+        let installed = "cargo-x86_64-unknown-linux-gnu\nclippy-x86_64-unknown-linux-gnu\nrust-src\n";
         assert!(lists_component(installed, "rust-src"));
         assert!(lists_component(installed, "clippy"));
         assert!(!lists_component(installed, "rustfmt"));
-        assert!(!lists_component(
-            "rust-std-x86_64-unknown-linux-gnu\n",
-            "rust-s"
-        ));
+        assert!(!lists_component("rust-std-x86_64-unknown-linux-gnu\n", "rust-s"));
     }
 
     #[test]
     fn llvm_major_from_ldd() {
         let ldd = "\tlibLLVM.so.22.1 => /usr/lib/llvm-22/lib/libLLVM.so.22.1 (0x00007f)\n";
         assert_eq!(linked_llvm_major(ldd), Some(22));
-        assert_eq!(
-            linked_llvm_major("\tlibLLVM-21.so => /usr/lib/libLLVM-21.so (0x1)\n"),
-            Some(21)
-        );
-        assert_eq!(
-            linked_llvm_major("\tlibc.so.6 => /lib/libc.so.6 (0x1)\n"),
-            None
-        );
+        assert_eq!(linked_llvm_major("\tlibLLVM-21.so => /usr/lib/libLLVM-21.so (0x1)\n"), Some(21));
+        assert_eq!(linked_llvm_major("\tlibc.so.6 => /lib/libc.so.6 (0x1)\n"), None);
     }
 
     #[test]
@@ -628,24 +541,17 @@ mod tests {
         assert!(installs_bpf_linker(
             b"cargo\0install\0bpf-linker\0--no-default-features\0--features\0llvm-22\0--locked\0"
         ));
-        assert!(installs_bpf_linker(
-            b"/root/.rustup/toolchains/stable/bin/cargo\0install\0bpf-linker@0.13.0\0"
-        ));
-        assert!(!installs_bpf_linker(
-            b"cargo\0build\0--package\0bpf-linker\0"
-        ));
-        assert!(!installs_bpf_linker(
-            b"bash\0-c\0cargo install bpf-linker\0"
-        ));
+        assert!(installs_bpf_linker(b"/root/.rustup/toolchains/stable/bin/cargo\0install\0bpf-linker@0.13.0\0"));
+        assert!(!installs_bpf_linker(b"cargo\0build\0--package\0bpf-linker\0"));
+        assert!(!installs_bpf_linker(b"bash\0-c\0cargo install bpf-linker\0"));
         assert!(!installs_bpf_linker(b"vim\0install\0bpf-linker\0"));
     }
 
     #[test]
     fn finds_a_running_bpf_linker_install_in_proc() -> anyhow::Result<()> {
         // argv is `/bin/sh -c SCRIPT cargo install bpf-linker`; `; true` keeps sh from exec'ing sleep.
-        let mut installer = Command::new("/bin/sh")
-            .args(["-c", "sleep 10; true", "cargo", "install", "bpf-linker"])
-            .spawn()?;
+        let mut installer =
+            Command::new("/bin/sh").args(["-c", "sleep 10; true", "cargo", "install", "bpf-linker"]).spawn()?;
         // spawn returns while execve may still be filling in the new cmdline (empty until then).
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut found = bpf_linker_installers();
@@ -655,11 +561,7 @@ mod tests {
         }
         installer.kill()?;
         installer.wait()?;
-        assert!(
-            found.contains(&installer.id()),
-            "{found:?} lacks {}",
-            installer.id()
-        );
+        assert!(found.contains(&installer.id()), "{found:?} lacks {}", installer.id());
         Ok(())
     }
 

@@ -20,6 +20,7 @@ use crate::{
 /// Only for the bpf target; the agent's build.rs builds it, step "clippy (eBPF)" lints it.
 const EBPF_PACKAGE: &str = "monitor-ebpf";
 const E2E_PACKAGE: &str = "datapath-monitor-tests";
+const AGENT_PACKAGE: &str = "datapath-monitor";
 /// How the end-to-end tests find the agent they start.
 const AGENT_BIN_VAR: &str = "DATAPATH_MONITOR_BIN";
 
@@ -48,9 +49,7 @@ pub fn test(selection: Selection, filter: &[String]) -> anyhow::Result<()> {
             Ok(Outcome::Passed)
         })?;
         let agent = agent.context("the agent build step returned no binary")?;
-        report.step("end-to-end tests", || {
-            end_to_end_tests(&workspace, &agent, filter)
-        })?;
+        report.step("end-to-end tests", || end_to_end_tests(&workspace, &agent, filter))?;
     }
     report.finish();
     Ok(())
@@ -65,9 +64,7 @@ fn cargo_in(workspace: &Workspace) -> Command {
 
 fn fmt(workspace: &Workspace) -> anyhow::Result<Outcome> {
     if !command::succeeds(command::cargo().args(["fmt", "--version"])) {
-        return Ok(Outcome::Skipped(
-            "fmt: rustfmt is not installed (rustup component add rustfmt)".to_owned(),
-        ));
+        return Ok(Outcome::Skipped("fmt: rustfmt is not installed (rustup component add rustfmt)".to_owned()));
     }
     command::run(cargo_in(workspace).args(["fmt", "--all", "--check"]))?;
     Ok(Outcome::Passed)
@@ -91,10 +88,7 @@ fn clippy(workspace: &Workspace) -> anyhow::Result<Outcome> {
 fn clippy_ebpf(workspace: &Workspace) -> anyhow::Result<Outcome> {
     let mut clippy = cargo_in(workspace);
     // aya-ebpf picks its per-architecture code (pt_regs layouts) from this cfg.
-    clippy.env(
-        "CARGO_ENCODED_RUSTFLAGS",
-        format!("--cfg=bpf_target_arch=\"{}\"", env::consts::ARCH),
-    );
+    clippy.env("CARGO_ENCODED_RUSTFLAGS", format!("--cfg=bpf_target_arch=\"{}\"", env::consts::ARCH));
     clippy.args([
         "+nightly",
         "clippy",
@@ -118,33 +112,22 @@ fn unit_tests(workspace: &Workspace) -> anyhow::Result<Outcome> {
     Ok(Outcome::Passed)
 }
 
-fn end_to_end_tests(
-    workspace: &Workspace,
-    agent: &Path,
-    filter: &[String],
-) -> anyhow::Result<Outcome> {
+fn end_to_end_tests(workspace: &Workspace, agent: &Path, filter: &[String]) -> anyhow::Result<Outcome> {
     if !command::is_root() {
         if running_in_ci() {
             bail!("privileged end-to-end tests need root; CI never skips them");
         }
-        return Ok(Outcome::Skipped(
-            "privileged end-to-end tests need root (run sudo -E cargo xtask test)".to_owned(),
-        ));
+        return Ok(Outcome::Skipped("privileged end-to-end tests need root (run sudo -E cargo xtask test)".to_owned()));
     }
-    let mut test = cargo_in(workspace);
-    // One at a time: the tests share the host's interfaces, eBPF attach points and ports.
-    test.env(AGENT_BIN_VAR, agent)
-        .args([
-            "test",
-            "--package",
-            E2E_PACKAGE,
-            "--",
-            "--ignored",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .args(filter);
-    command::run(&mut test)?;
+    // The agent library's own privileged tests (real netlink in scratch namespaces), then the
+    // end-to-end tests; one at a time: they share eBPF attach points and the drop tracer.
+    for package in [AGENT_PACKAGE, E2E_PACKAGE] {
+        let mut test = cargo_in(workspace);
+        test.env(AGENT_BIN_VAR, agent)
+            .args(["test", "--package", package, "--", "--ignored", "--test-threads=1", "--nocapture"])
+            .args(filter);
+        command::run(&mut test)?;
+    }
     Ok(Outcome::Passed)
 }
 
@@ -173,11 +156,7 @@ struct Report {
 
 impl Report {
     /// Runs one step; on failure prints the summary and returns the error.
-    fn step(
-        &mut self,
-        name: &'static str,
-        body: impl FnOnce() -> anyhow::Result<Outcome>,
-    ) -> anyhow::Result<()> {
+    fn step(&mut self, name: &'static str, body: impl FnOnce() -> anyhow::Result<Outcome>) -> anyhow::Result<()> {
         println!("==> {name}");
         let started = Instant::now();
         let result = body();

@@ -50,6 +50,33 @@ pub enum DatapathError {
     Attach { interface: String, tcx: String, clsact: String },
 }
 
+/// Which kernel mechanisms to use; `Auto` picks the best this kernel supports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatapathOptions {
+    pub tc_attach: TcAttachChoice,
+    pub drop_tracer: DropTracerChoice,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum TcAttachChoice {
+    /// tcx where the kernel has it (>= 6.6), else clsact.
+    #[default]
+    Auto,
+    Tcx,
+    Clsact,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum DropTracerChoice {
+    /// tp_btf, else the classic tracepoint.
+    #[default]
+    Auto,
+    TpBtf,
+    Tracepoint,
+}
+
 /// How the tc programs hang on an interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -101,6 +128,8 @@ pub struct Datapath {
     attached: BTreeMap<u32, AttachedInterface>,
     /// None until the first attach tells whether tcx works here.
     tc_mode: Option<AttachMode>,
+    /// Set by the operator: no fallback to the other mode.
+    tc_mode_forced: bool,
     probes: ProbeReport,
     drop_reasons: BTreeMap<u32, String>,
     nr_cpus: usize,
@@ -113,7 +142,7 @@ const BPF_NOEXIST: u64 = 1;
 impl Datapath {
     /// Loads every program, attaches the drop tracer (tp_btf, else the classic tracepoint),
     /// and readies the tc programs for [`Datapath::attach`].
-    pub fn load() -> Result<Self, DatapathError> {
+    pub fn load(options: DatapathOptions) -> Result<Self, DatapathError> {
         let layout = KernelLayout::from_vmlinux()?;
         let has_reason = u32::from(layout.has_drop_reasons());
         let tracepoint_layout = read_kfree_skb_format();
@@ -143,7 +172,7 @@ impl Datapath {
         // Becomes "tcx" or "clsact" at the first attach.
         probes.probes.insert("tc", Some("loaded".into()));
 
-        match attach_drop_tracer(&mut ebpf) {
+        match attach_drop_tracer(&mut ebpf, options.drop_tracer) {
             Ok(variant) => {
                 info!(variant, "drop tracer attached");
                 probes.probes.insert("kfree_skb", Some(variant.to_string()));
@@ -176,7 +205,12 @@ impl Datapath {
             drops,
             map_errors,
             attached: BTreeMap::new(),
-            tc_mode: None,
+            tc_mode: match options.tc_attach {
+                TcAttachChoice::Auto => None,
+                TcAttachChoice::Tcx => Some(AttachMode::Tcx),
+                TcAttachChoice::Clsact => Some(AttachMode::Clsact),
+            },
+            tc_mode_forced: options.tc_attach != TcAttachChoice::Auto,
             probes,
             drop_reasons: layout.drop_reasons,
             nr_cpus,
@@ -250,10 +284,17 @@ impl Datapath {
                     self.tc_mode.get_or_insert(AttachMode::Tcx);
                     return Ok(link);
                 }
-                Err(error) => error,
+                Err(error) if self.tc_mode_forced => {
+                    return Err(DatapathError::Attach {
+                        interface: interface.to_string(),
+                        tcx: error.to_string(),
+                        clsact: "not tried (--tc-attach tcx)".into(),
+                    });
+                }
+                Err(error) => error.to_string(),
             }
         } else {
-            ProgramError::AlreadyAttached
+            "not tried".to_string()
         };
         // Kernels before 6.6 have no tcx: fall back to a clsact qdisc.
         if let Err(error) = tc::qdisc_add_clsact(interface) {
@@ -270,7 +311,7 @@ impl Datapath {
             }
             Err(clsact) => Err(DatapathError::Attach {
                 interface: interface.to_string(),
-                tcx: tcx_error.to_string(),
+                tcx: tcx_error,
                 clsact: clsact.to_string(),
             }),
         }
@@ -398,8 +439,9 @@ where
 }
 
 /// tp_btf first (cheaper, typed), else the classic tracepoint. Returns the variant used.
-fn attach_drop_tracer(ebpf: &mut Ebpf) -> Result<&'static str, String> {
+fn attach_drop_tracer(ebpf: &mut Ebpf, choice: DropTracerChoice) -> Result<&'static str, String> {
     let btf_error = match aya::Btf::from_sys_fs() {
+        _ if choice == DropTracerChoice::Tracepoint => "not tried (--drop-tracer tracepoint)".to_string(),
         Ok(btf) => {
             let attached = program_mut::<BtfTracePoint>(ebpf, KFREE_SKB_BTF_PROGRAM).and_then(|program| {
                 program
@@ -414,6 +456,9 @@ fn attach_drop_tracer(ebpf: &mut Ebpf) -> Result<&'static str, String> {
         }
         Err(error) => error.to_string(),
     };
+    if choice == DropTracerChoice::TpBtf {
+        return Err(format!("tp_btf: {btf_error}"));
+    }
     debug!(%btf_error, "tp_btf kfree_skb unavailable, trying the classic tracepoint");
     let attached = program_mut::<TracePoint>(ebpf, KFREE_SKB_TRACEPOINT_PROGRAM).and_then(|program| {
         program
