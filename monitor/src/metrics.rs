@@ -43,17 +43,28 @@ impl Metrics {
 
 type Labels<'a> = Vec<(&'static str, &'a str)>;
 
+/// One metric family, from (labels, metric) pairs.
+fn family<'a, M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    series: impl Iterator<Item = (Labels<'a>, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, metric) in series {
+        metric.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 fn counter<'a>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     series: impl Iterator<Item = (Labels<'a>, u64)>,
 ) -> Result<(), std::fmt::Error> {
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (labels, value) in series {
-        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
-    }
-    Ok(())
+    family(encoder, name, help, MetricType::Counter, series.map(|(labels, value)| (labels, ConstCounter::new(value))))
 }
 
 fn gauge<'a>(
@@ -62,11 +73,7 @@ fn gauge<'a>(
     help: &str,
     series: impl Iterator<Item = (Labels<'a>, i64)>,
 ) -> Result<(), std::fmt::Error> {
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (labels, value) in series {
-        ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
-    }
-    Ok(())
+    family(encoder, name, help, MetricType::Gauge, series.map(|(labels, value)| (labels, ConstGauge::new(value))))
 }
 
 impl Collector for SampleCollector {
@@ -151,16 +158,13 @@ impl Collector for SampleCollector {
             "Runs of each kernel program (kernel BPF statistics).",
             sample.programs.iter().map(|p| (vec![("program", p.program)], p.runs)),
         )?;
-        let mut family = encoder.encode_descriptor(
+        family(
+            &mut encoder,
             "datapath_bpf_program_run_seconds",
             "Time spent in each kernel program (kernel BPF statistics).",
-            None,
             MetricType::Counter,
+            sample.programs.iter().map(|p| (vec![("program", p.program)], ConstCounter::new(p.run_nanos as f64 / 1e9))),
         )?;
-        for program in &sample.programs {
-            let labels: Labels = vec![("program", program.program)];
-            ConstCounter::new(program.run_nanos as f64 / 1e9).encode(family.encode_family(&labels)?)?;
-        }
         gauge(
             &mut encoder,
             "datapath_probe_loaded",
