@@ -184,3 +184,50 @@ impl Collector for SampleCollector {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use monitor_common::{DirectionCounters, InterfaceCounters};
+
+    use super::*;
+    use crate::{datapath::ProgramRunStats, sampler::InterfaceSeries};
+
+    #[test]
+    fn renders_every_series_with_bounded_labels() {
+        let sample = Sample {
+            interfaces: vec![InterfaceSeries {
+                interface: "veth1a2b3c4d".into(),
+                ifindex: 5,
+                counters: InterfaceCounters {
+                    ingress: DirectionCounters { packets: 3, bytes: 426, tcp_resets: 0, syn_retransmits: 2 },
+                    egress: DirectionCounters { packets: 1, bytes: 54, tcp_resets: 1, syn_retransmits: 0 },
+                },
+                drops: BTreeMap::from([("NO_SOCKET".to_string(), 7)]),
+                ..InterfaceSeries::default()
+            }],
+            other_drops: BTreeMap::from([("NOT_SPECIFIED".to_string(), 4)]),
+            programs: vec![ProgramRunStats { program: "tc_ingress", runs: 10, run_nanos: 1_500 }],
+            attached: 1,
+            ..Sample::default()
+        };
+        let metrics = Metrics::new(Arc::new(RwLock::new(Arc::new(sample))));
+        let text = metrics.render().unwrap();
+        for line in [
+            r#"datapath_packets_total{interface="veth1a2b3c4d",direction="ingress",pod_namespace="",pod=""} 3"#,
+            r#"datapath_bytes_total{interface="veth1a2b3c4d",direction="egress",pod_namespace="",pod=""} 54"#,
+            r#"datapath_tcp_resets_total{interface="veth1a2b3c4d",direction="egress",pod_namespace="",pod=""} 1"#,
+            r#"datapath_tcp_syn_retransmits_total{interface="veth1a2b3c4d",pod_namespace="",pod=""} 2"#,
+            r#"datapath_drops_total{interface="veth1a2b3c4d",reason="NO_SOCKET",pod_namespace="",pod=""} 7"#,
+            r#"datapath_drops_total{interface="other",reason="NOT_SPECIFIED",pod_namespace="",pod=""} 4"#,
+            "datapath_interfaces_attached 1",
+            r#"datapath_bpf_program_runs_total{program="tc_ingress"} 10"#,
+            r#"datapath_bpf_program_run_seconds_total{program="tc_ingress"} 0.0000015"#,
+            r#"datapath_bpf_map_update_errors_total{map="drops"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}

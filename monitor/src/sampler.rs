@@ -12,7 +12,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use crate::{
-    datapath::{AttachMode, Datapath, KernelCounters, ProbeReport, ProgramRunStats},
+    datapath::{AttachMode, Datapath, ProbeReport, ProgramRunStats},
     interfaces::{LinkEvent, LinkFacts},
 };
 
@@ -204,15 +204,15 @@ impl Sampler {
         if mode.is_none() {
             return;
         }
-        let counters = self.datapath.read();
+        let drops = self.datapath.read_drops();
         let final_counters = self.datapath.detach(ifindex).unwrap_or_default();
-        let mut series = self.series_for(&link, final_counters, &counters);
+        let mut series = self.series_for(&link, final_counters, &drops);
         series.removed = true;
         series.interface = name.to_string();
         // The kernel entries of a vanished device get no more increments: fold and forget them.
         let owned: Vec<(u64, u32)> =
             self.attribution.owners.iter().filter(|(_, owner)| **owner == ifindex).map(|(k, _)| *k).collect();
-        for (key, count) in &counters.drops {
+        for (key, count) in &drops {
             if owned.contains(&(u64::from(key.netns), key.ifindex))
                 && let Some(baseline) = self.attribution.baselines.remove(key)
             {
@@ -226,9 +226,14 @@ impl Sampler {
         self.retired.push(Retired { series, until: Instant::now() + self.grace });
     }
 
-    fn series_for(&self, link: &LinkFacts, counters: InterfaceCounters, kernel: &KernelCounters) -> InterfaceSeries {
+    fn series_for(
+        &self,
+        link: &LinkFacts,
+        counters: InterfaceCounters,
+        kernel_drops: &[(DropKey, u64)],
+    ) -> InterfaceSeries {
         let mut drops = BTreeMap::new();
-        for (key, count) in &kernel.drops {
+        for (key, count) in kernel_drops {
             if self.attribution.owners.get(&(u64::from(key.netns), key.ifindex)) == Some(&link.ifindex) {
                 let since_watched = count.saturating_sub(self.attribution.baselines.get(key).copied().unwrap_or(0));
                 *drops.entry(reason_name(&self.reason_names, key.reason)).or_default() += since_watched;
@@ -258,7 +263,7 @@ impl Sampler {
                 continue;
             }
             let counters = kernel.interfaces.get(&link.ifindex).copied().unwrap_or_default();
-            interfaces.push(self.series_for(link, counters, &kernel));
+            interfaces.push(self.series_for(link, counters, &kernel.drops));
         }
         interfaces.extend(self.retired.iter().map(|r| r.series.clone()));
 
