@@ -78,6 +78,12 @@ pub struct RunArgs {
     /// How often the kernel counters are read.
     #[arg(long, env = "DATAPATH_MONITOR_SAMPLE_INTERVAL_MS")]
     pub sample_interval_ms: Option<u64>,
+    /// An SDN process exit followed by a start of the same name within this many seconds is a restart.
+    #[arg(long, env = "DATAPATH_MONITOR_PROCESS_RESTART_WINDOW_SECONDS")]
+    pub process_restart_window_seconds: Option<u64>,
+    /// How many lifecycle events the timeline keeps (oldest dropped first).
+    #[arg(long, env = "DATAPATH_MONITOR_EVENT_CAPACITY")]
+    pub event_capacity: Option<usize>,
     /// How tc programs attach: auto (tcx, else clsact), tcx, clsact.
     #[arg(long, env = "DATAPATH_MONITOR_TC_ATTACH")]
     pub tc_attach: Option<TcAttachChoice>,
@@ -108,6 +114,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub removed_interface_grace_seconds: u64,
     pub sample_interval_ms: u64,
+    pub process_restart_window_seconds: u64,
+    pub event_capacity: usize,
     pub tc_attach: TcAttachChoice,
     pub drop_tracer: DropTracerChoice,
 }
@@ -141,6 +149,8 @@ impl Default for Config {
             log_format: LogFormat::Text,
             removed_interface_grace_seconds: 300,
             sample_interval_ms: 250,
+            process_restart_window_seconds: 60,
+            event_capacity: 10_000,
             tc_attach: TcAttachChoice::Auto,
             drop_tracer: DropTracerChoice::Auto,
         }
@@ -176,6 +186,8 @@ impl Config {
             log_format,
             removed_interface_grace_seconds,
             sample_interval_ms,
+            process_restart_window_seconds,
+            event_capacity,
             tc_attach,
             drop_tracer,
         } = args;
@@ -218,6 +230,12 @@ impl Config {
         if let Some(ms) = sample_interval_ms {
             resolved.sample_interval_ms = ms;
         }
+        if let Some(seconds) = process_restart_window_seconds {
+            resolved.process_restart_window_seconds = seconds;
+        }
+        if let Some(capacity) = event_capacity {
+            resolved.event_capacity = capacity;
+        }
         if let Some(choice) = tc_attach {
             resolved.tc_attach = choice;
         }
@@ -243,7 +261,18 @@ impl Config {
                 value: name.clone(),
             });
         }
+        if !(1..=1_000_000).contains(&self.event_capacity) {
+            return Err(ConfigError::Invalid {
+                key: "event_capacity",
+                what: "between 1 and 1000000",
+                value: self.event_capacity.to_string(),
+            });
+        }
         Ok(())
+    }
+
+    pub fn process_restart_window(&self) -> Duration {
+        Duration::from_secs(self.process_restart_window_seconds)
     }
 
     pub fn sample_interval(&self) -> Duration {

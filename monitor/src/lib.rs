@@ -8,3 +8,4 @@ pub mod datapath;
 pub mod interfaces;
 pub mod metrics;
 pub mod sampler;
+pub mod timeline;

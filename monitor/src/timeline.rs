@@ -1,0 +1,288 @@
+//! Every lifecycle signal on one clock: CNI config changes, SDN process starts and exits,
+//! interface events. Each event carries the monotonic time (CLOCK_MONOTONIC, the clock of
+//! `bpf_ktime_get_ns`) for ordering and the wall time for output. The timeline keeps the
+//! most recent events in a bounded ring, logs each one, and fans them out to subscribers
+//! (the incident engine).
+
+use std::{
+    collections::VecDeque,
+    fmt,
+    sync::{Mutex, PoisonError},
+};
+
+use serde::{Serialize, Serializer};
+use tokio::sync::broadcast;
+use tracing::info;
+
+/// The kinds of lifecycle event, as named in the JSON API and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    CniConfigAdded,
+    CniConfigChanged,
+    CniConfigRemoved,
+    CniConfigInvalid,
+    CniDefaultNetworkMissing,
+    CniDefaultNetworkRestored,
+    ProcessStart,
+    ProcessExit,
+    ProcessRestart,
+    InterfaceAdded,
+    InterfaceRemoved,
+    InterfaceUp,
+    InterfaceDown,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 13] = [
+        Self::CniConfigAdded,
+        Self::CniConfigChanged,
+        Self::CniConfigRemoved,
+        Self::CniConfigInvalid,
+        Self::CniDefaultNetworkMissing,
+        Self::CniDefaultNetworkRestored,
+        Self::ProcessStart,
+        Self::ProcessExit,
+        Self::ProcessRestart,
+        Self::InterfaceAdded,
+        Self::InterfaceRemoved,
+        Self::InterfaceUp,
+        Self::InterfaceDown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CniConfigAdded => "cni_config_added",
+            Self::CniConfigChanged => "cni_config_changed",
+            Self::CniConfigRemoved => "cni_config_removed",
+            Self::CniConfigInvalid => "cni_config_invalid",
+            Self::CniDefaultNetworkMissing => "cni_default_network_missing",
+            Self::CniDefaultNetworkRestored => "cni_default_network_restored",
+            Self::ProcessStart => "process_start",
+            Self::ProcessExit => "process_exit",
+            Self::ProcessRestart => "process_restart",
+            Self::InterfaceAdded => "interface_added",
+            Self::InterfaceRemoved => "interface_removed",
+            Self::InterfaceUp => "interface_up",
+            Self::InterfaceDown => "interface_down",
+        }
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Nanoseconds of CLOCK_MONOTONIC: the same clock as the kernel's `bpf_ktime_get_ns()`.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec; both clocks exist on every Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// A point in time on both clocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stamp {
+    /// CLOCK_MONOTONIC nanoseconds: use for ordering and durations.
+    pub mono_ns: u64,
+    /// Wall clock: use for output.
+    pub wall: jiff::Timestamp,
+}
+
+impl Stamp {
+    pub fn now() -> Self {
+        let mono_ns = monotonic_ns();
+        Self { mono_ns, wall: jiff::Timestamp::now() }
+    }
+
+    /// The wall time of a CLOCK_MONOTONIC reading taken earlier (e.g. by a kernel program).
+    pub fn from_monotonic(mono_ns: u64) -> Self {
+        let now = Self::now();
+        let behind = now.mono_ns.saturating_sub(mono_ns);
+        let ahead = mono_ns.saturating_sub(now.mono_ns);
+        let wall = now
+            .wall
+            .checked_sub(jiff::SignedDuration::from_nanos(behind as i64))
+            .and_then(|wall| wall.checked_add(jiff::SignedDuration::from_nanos(ahead as i64)))
+            .unwrap_or(now.wall);
+        Self { mono_ns, wall }
+    }
+
+    /// Seconds from `self` to `later` on the monotonic clock (negative when `later` is earlier).
+    pub fn seconds_until(&self, later: &Stamp) -> f64 {
+        (later.mono_ns as i128 - self.mono_ns as i128) as f64 / 1e9
+    }
+}
+
+/// RFC 3339 in UTC with milliseconds, e.g. `2026-01-12T20:58:46.230Z`.
+pub fn rfc3339(wall: jiff::Timestamp) -> String {
+    format!("{wall:.3}")
+}
+
+/// Parses an RFC 3339 timestamp (any offset).
+pub fn parse_rfc3339(text: &str) -> Result<jiff::Timestamp, String> {
+    text.parse::<jiff::Timestamp>().map_err(|error| format!("not an RFC 3339 time: {text:?}: {error}"))
+}
+
+fn serialize_wall<S: Serializer>(stamp: &Stamp, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&rfc3339(stamp.wall))
+}
+
+/// One lifecycle event, as served by `/api/v1/events`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Event {
+    #[serde(rename = "at", serialize_with = "serialize_wall")]
+    pub stamp: Stamp,
+    pub kind: EventKind,
+    /// A file path, a process name or an interface name.
+    pub subject: String,
+    pub detail: String,
+}
+
+impl Event {
+    pub fn new(stamp: Stamp, kind: EventKind, subject: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self { stamp, kind, subject: subject.into(), detail: detail.into() }
+    }
+}
+
+/// The bounded, ordered record of lifecycle events.
+pub struct Timeline {
+    ring: Mutex<VecDeque<Event>>,
+    capacity: usize,
+    /// Events dropped from the front of the ring since start.
+    evicted: Mutex<u64>,
+    subscribers: broadcast::Sender<Event>,
+}
+
+impl Timeline {
+    pub const DEFAULT_CAPACITY: usize = 10_000;
+
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        let (subscribers, _) = broadcast::channel(1024);
+        Self {
+            ring: Mutex::new(VecDeque::with_capacity(capacity.min(1024))),
+            capacity,
+            evicted: Mutex::new(0),
+            subscribers,
+        }
+    }
+
+    /// Records an event: one log line, a place in the ring (kept in monotonic order even
+    /// when a source reports late), and a copy to every subscriber.
+    pub fn record(&self, event: Event) {
+        info!(
+            target: "datapath_monitor::event",
+            at = %rfc3339(event.stamp.wall),
+            kind = event.kind.as_str(),
+            subject = %event.subject,
+            detail = %event.detail,
+            "lifecycle event"
+        );
+        {
+            let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+            let position = ring.partition_point(|e| e.stamp.mono_ns <= event.stamp.mono_ns);
+            ring.insert(position, event.clone());
+            while ring.len() > self.capacity {
+                ring.pop_front();
+                *self.evicted.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+            }
+        }
+        // No subscriber is not an error.
+        let _ = self.subscribers.send(event);
+    }
+
+    /// Shorthand for `record(Event::new(Stamp::now(), ...))`.
+    pub fn record_now(&self, kind: EventKind, subject: impl Into<String>, detail: impl Into<String>) {
+        self.record(Event::new(Stamp::now(), kind, subject, detail));
+    }
+
+    /// Events at or after `since` (all when None), oldest first.
+    pub fn events(&self, since: Option<jiff::Timestamp>) -> Vec<Event> {
+        let ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        ring.iter().filter(|e| since.is_none_or(|since| e.stamp.wall >= since)).cloned().collect()
+    }
+
+    pub fn evicted(&self) -> u64 {
+        *self.evicted.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.subscribers.subscribe()
+    }
+}
+
+impl Default for Timeline {
+    fn default() -> Self {
+        Self::new(Self::DEFAULT_CAPACITY)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(mono_ns: u64) -> Stamp {
+        Stamp { mono_ns, wall: jiff::Timestamp::from_nanosecond(1_700_000_000_000_000_000 + mono_ns as i128).unwrap() }
+    }
+
+    #[test]
+    fn ring_is_bounded_and_ordered_by_monotonic_time() {
+        let timeline = Timeline::new(3);
+        for (mono, subject) in [(10, "a"), (30, "c"), (20, "b"), (40, "d")] {
+            timeline.record(Event::new(at(mono), EventKind::ProcessStart, subject, ""));
+        }
+        let subjects: Vec<String> = timeline.events(None).into_iter().map(|e| e.subject).collect();
+        assert_eq!(subjects, ["b", "c", "d"]);
+        assert_eq!(timeline.evicted(), 1);
+    }
+
+    #[test]
+    fn since_filters_by_wall_time() {
+        let timeline = Timeline::new(10);
+        for mono in [1_000_000_000, 2_000_000_000, 3_000_000_000] {
+            timeline.record(Event::new(at(mono), EventKind::InterfaceUp, "veth0", ""));
+        }
+        let since = at(2_000_000_000).wall;
+        assert_eq!(timeline.events(Some(since)).len(), 2);
+    }
+
+    #[test]
+    fn json_shape_matches_the_contract() {
+        let event = Event::new(
+            Stamp { mono_ns: 1, wall: "2026-01-12T20:58:46.23Z".parse().unwrap() },
+            EventKind::CniConfigRemoved,
+            "/etc/cni/net.d/80-openshift-network.conf",
+            "deleted",
+        );
+        assert_eq!(
+            serde_json::to_string(&event).unwrap(),
+            r#"{"at":"2026-01-12T20:58:46.230Z","kind":"cni_config_removed","subject":"/etc/cni/net.d/80-openshift-network.conf","detail":"deleted"}"#
+        );
+        for kind in EventKind::ALL {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+    }
+
+    #[test]
+    fn rfc3339_round_trips_with_offsets() {
+        let parsed = parse_rfc3339("2026-01-12T21:58:46.230+01:00").unwrap();
+        assert_eq!(rfc3339(parsed), "2026-01-12T20:58:46.230Z");
+        assert!(parse_rfc3339("yesterday").is_err());
+    }
+
+    #[test]
+    fn monotonic_stamps_map_to_wall_time() {
+        let now = Stamp::now();
+        let earlier = Stamp::from_monotonic(now.mono_ns - 1_500_000_000);
+        let gap = now.wall.duration_since(earlier.wall).as_secs_f64();
+        assert!((gap - 1.5).abs() < 0.05, "{gap}");
+    }
+}
