@@ -19,6 +19,7 @@ use crate::{
     interfaces::{self, InterfaceFilter, LinkEvent},
     metrics::{Metrics, SharedSample},
     sampler::{Sample, Sampler},
+    timeline::{Event, Stamp, Timeline},
 };
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -34,10 +35,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let sampler = Arc::new(Mutex::new(Sampler::new(datapath, own_netns, config.removed_interface_grace())));
 
     let listener = api::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
+    let timeline = Arc::new(Timeline::new(config.event_capacity));
     let shared_sample: SharedSample = Arc::new(RwLock::new(Arc::new(Sample::default())));
     let state = Arc::new(ApiState {
         metrics: Metrics::new(Arc::clone(&shared_sample)),
         sampler: Arc::clone(&sampler),
+        timeline: Arc::clone(&timeline),
         ready: AtomicBool::new(false),
     });
     let (shutdown_tx, mut shutdown_rx) = tokio::sync::watch::channel(false);
@@ -58,14 +61,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     {
         let mut sampler = lock(&sampler);
         for link in initial {
-            sampler.apply(LinkEvent::Added(link));
+            // Present at start-up: state, not a change.
+            let _ = sampler.apply(LinkEvent::Added(link));
         }
         publish(&shared_sample, sampler.sample());
         info!(attached = sampler.attached_count(), elapsed_ms = started.elapsed().as_millis() as u64, "ready");
     }
     state.ready.store(true, Ordering::Release);
 
-    let links_task = spawn_link_watch(Arc::clone(&sampler), link_events);
+    let links_task = spawn_link_watch(Arc::clone(&sampler), link_events, Arc::clone(&timeline));
     let sampler_task = {
         let sampler = Arc::clone(&sampler);
         let shared_sample = Arc::clone(&shared_sample);
@@ -106,10 +110,18 @@ fn publish(shared: &SharedSample, sample: Sample) {
     *guard = Arc::new(sample);
 }
 
-fn spawn_link_watch(sampler: Arc<Mutex<Sampler>>, mut events: mpsc::Receiver<LinkEvent>) -> JoinHandle<()> {
+fn spawn_link_watch(
+    sampler: Arc<Mutex<Sampler>>,
+    mut events: mpsc::Receiver<LinkEvent>,
+    timeline: Arc<Timeline>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(event) = events.recv().await {
-            lock(&sampler).apply(event);
+            let stamp = Stamp::now();
+            let changes = lock(&sampler).apply(event);
+            for change in changes {
+                timeline.record(Event::new(stamp, change.kind, change.interface, change.detail));
+            }
         }
         warn!("netlink link watch ended: new interfaces are no longer attached");
     })

@@ -10,23 +10,25 @@ use std::{
 
 use axum::{
     Json, Router,
-    extract::State,
+    extract::{Query, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
     routing::get,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::{
     datapath::ProbeReport,
     metrics::Metrics,
     sampler::{Sampler, WatchedInterface},
+    timeline::{Timeline, parse_rfc3339},
 };
 
 pub struct ApiState {
     pub metrics: Metrics,
     pub sampler: Arc<Mutex<Sampler>>,
+    pub timeline: Arc<Timeline>,
     /// Programs loaded and the interfaces present at start-up attached.
     pub ready: AtomicBool,
 }
@@ -37,6 +39,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/api/v1/interfaces", get(interfaces))
+        .route("/api/v1/events", get(events))
         .with_state(state)
 }
 
@@ -75,4 +78,17 @@ async fn interfaces(State(state): State<Arc<ApiState>>) -> Response {
         Err(_) => return (StatusCode::INTERNAL_SERVER_ERROR, "sampler poisoned\n").into_response(),
     };
     Json(watched).into_response()
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    since: Option<String>,
+}
+
+async fn events(State(state): State<Arc<ApiState>>, Query(query): Query<EventsQuery>) -> Response {
+    let since = match query.since.as_deref().map(parse_rfc3339).transpose() {
+        Ok(since) => since,
+        Err(error) => return (StatusCode::BAD_REQUEST, format!("since: {error}\n")).into_response(),
+    };
+    Json(state.timeline.events(since)).into_response()
 }

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod client;
 pub mod config;
 pub mod datapath;
 pub mod interfaces;

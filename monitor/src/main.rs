@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use datapath_monitor::{
-    agent,
+    agent, client,
     config::{Cli, Command, Config, LogFormat},
 };
 use tracing_subscriber::EnvFilter;
@@ -33,8 +33,9 @@ fn main() -> ExitCode {
             }
             Err(error) => Err(error.into()),
         },
-        Command::Incidents { .. } | Command::Status { .. } => {
-            Err(anyhow::anyhow!("not available yet in this version: see `datapath-monitor run`"))
+        Command::Status { server } => client::status(&server).map(|text| print!("{text}")),
+        Command::Incidents { .. } => {
+            Err(anyhow::anyhow!("not available yet in this version: see `datapath-monitor status`"))
         }
     };
     match result {

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 use crate::{
     datapath::{AttachMode, Datapath, ProbeReport, ProgramRunStats},
     interfaces::{LinkEvent, LinkFacts},
+    timeline::EventKind,
 };
 
 /// Label used for drops on devices that are not watched.
@@ -45,35 +46,95 @@ pub struct Sample {
     pub probes: ProbeReport,
 }
 
-/// A watched link and whether the programs hang on it.
+/// A watched link as served by `/api/v1/interfaces`: netlink facts, pod and attach state.
 #[derive(Clone, Debug, Serialize)]
 pub struct WatchedInterface {
-    pub link: LinkFactsView,
+    pub interface: String,
+    pub ifindex: u32,
+    pub kind: Option<String>,
+    /// Administratively and operationally up.
+    pub up: bool,
+    /// Inode of the network namespace the interface lives in (the agent's).
+    pub netns: u64,
+    /// For a veth: its peer (the pod's eth0) and the peer's network namespace inode.
+    pub peer: Option<PeerView>,
+    /// From the CNI result cache; empty when unknown.
+    pub pod_namespace: String,
+    pub pod: String,
+    pub ips: Vec<String>,
+    /// "tcx" or "clsact"; null when not attached (see attach_error).
     pub attach_mode: Option<AttachMode>,
     pub attach_error: Option<String>,
 }
 
-/// Serializable copy of the netlink facts.
 #[derive(Clone, Debug, Serialize)]
-pub struct LinkFactsView {
-    pub name: String,
+pub struct PeerView {
     pub ifindex: u32,
-    pub kind: Option<String>,
-    pub up: bool,
-    pub peer_ifindex: Option<u32>,
-    pub peer_netns: Option<u64>,
+    pub netns: Option<u64>,
 }
 
-impl From<&LinkFacts> for LinkFactsView {
-    fn from(link: &LinkFacts) -> Self {
-        Self {
-            name: link.name.clone(),
-            ifindex: link.ifindex,
-            kind: link.kind.clone(),
-            up: link.up,
-            peer_ifindex: link.peer.as_ref().map(|p| p.ifindex),
-            peer_netns: link.peer.as_ref().and_then(|p| p.netns_inode),
+/// The pod behind a watched interface, as the CNI cache tells it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodLabels {
+    pub namespace: String,
+    pub name: String,
+    pub ips: Vec<String>,
+}
+
+/// Finds the pod of a host interface (name, peer netns inode); None when unknown.
+pub type PodLookup = Box<dyn Fn(&str, Option<u64>) -> Option<PodLabels> + Send + Sync>;
+
+/// A lifecycle event derived from a netlink link event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterfaceChange {
+    pub kind: EventKind,
+    pub interface: String,
+    pub detail: String,
+}
+
+fn is_up(link: &LinkFacts) -> bool {
+    link.up && link.oper_up
+}
+
+fn describe(link: &LinkFacts) -> String {
+    let mut text = format!("ifindex {}", link.ifindex);
+    if let Some(kind) = &link.kind {
+        text.push_str(&format!(", {kind}"));
+    }
+    if let Some(peer) = &link.peer
+        && let Some(netns) = peer.netns_inode
+    {
+        text.push_str(&format!(", peer ifindex {} in netns {netns}", peer.ifindex));
+    }
+    text.push_str(if is_up(link) { ", up" } else { ", down" });
+    text
+}
+
+/// The lifecycle events a link event means, given the link's previous facts (None if it was not watched).
+pub fn interface_changes(previous: Option<&LinkFacts>, event: &LinkEvent) -> Vec<InterfaceChange> {
+    let change =
+        |kind, interface: &str, detail: String| InterfaceChange { kind, interface: interface.to_string(), detail };
+    match (previous, event) {
+        (None, LinkEvent::Added(link) | LinkEvent::Changed(link)) => {
+            vec![change(EventKind::InterfaceAdded, &link.name, describe(link))]
         }
+        (Some(before), LinkEvent::Added(link) | LinkEvent::Changed(link)) => {
+            let mut changes = Vec::new();
+            if before.name != link.name {
+                changes.push(change(EventKind::InterfaceRemoved, &before.name, format!("renamed to {}", link.name)));
+                changes.push(change(EventKind::InterfaceAdded, &link.name, format!("renamed from {}", before.name)));
+            }
+            match (is_up(before), is_up(link)) {
+                (false, true) => changes.push(change(EventKind::InterfaceUp, &link.name, describe(link))),
+                (true, false) => changes.push(change(EventKind::InterfaceDown, &link.name, describe(link))),
+                _ => {}
+            }
+            changes
+        }
+        (Some(before), LinkEvent::Removed { name, .. }) => {
+            vec![change(EventKind::InterfaceRemoved, name, format!("ifindex {} deleted", before.ifindex))]
+        }
+        (None, LinkEvent::Removed { .. }) => Vec::new(),
     }
 }
 
@@ -102,6 +163,7 @@ pub struct Sampler {
     other_carried: BTreeMap<String, u64>,
     grace: Duration,
     map_errors_reported: [u64; MAP_ERROR_SLOTS as usize],
+    pod_lookup: Option<PodLookup>,
 }
 
 impl Sampler {
@@ -117,7 +179,18 @@ impl Sampler {
             other_carried: BTreeMap::new(),
             grace,
             map_errors_reported: [0; MAP_ERROR_SLOTS as usize],
+            pod_lookup: None,
         }
+    }
+
+    /// Where pod names come from (the CNI cache); without one, pod labels stay empty.
+    pub fn set_pod_lookup(&mut self, lookup: PodLookup) {
+        self.pod_lookup = Some(lookup);
+    }
+
+    fn pod_of(&self, link: &LinkFacts) -> Option<PodLabels> {
+        let lookup = self.pod_lookup.as_ref()?;
+        lookup(&link.name, link.peer.as_ref().and_then(|peer| peer.netns_inode))
     }
 
     pub fn reason_name(&self, reason: u32) -> String {
@@ -127,10 +200,21 @@ impl Sampler {
     pub fn watched_interfaces(&self) -> Vec<WatchedInterface> {
         self.watched
             .values()
-            .map(|(link, mode, error)| WatchedInterface {
-                link: link.into(),
-                attach_mode: *mode,
-                attach_error: error.clone(),
+            .map(|(link, mode, error)| {
+                let pod = self.pod_of(link);
+                WatchedInterface {
+                    interface: link.name.clone(),
+                    ifindex: link.ifindex,
+                    kind: link.kind.clone(),
+                    up: is_up(link),
+                    netns: self.own_netns,
+                    peer: link.peer.as_ref().map(|peer| PeerView { ifindex: peer.ifindex, netns: peer.netns_inode }),
+                    pod_namespace: pod.as_ref().map(|p| p.namespace.clone()).unwrap_or_default(),
+                    pod: pod.as_ref().map(|p| p.name.clone()).unwrap_or_default(),
+                    ips: pod.map(|p| p.ips).unwrap_or_default(),
+                    attach_mode: *mode,
+                    attach_error: error.clone(),
+                }
             })
             .collect()
     }
@@ -143,12 +227,15 @@ impl Sampler {
         self.datapath.probes()
     }
 
-    /// Applies one netlink event: attach, re-key, or detach and retire.
-    pub fn apply(&mut self, event: LinkEvent) {
+    /// Applies one netlink event: attach, re-key, or detach and retire. Returns the
+    /// lifecycle events it means (added, removed, up, down).
+    pub fn apply(&mut self, event: LinkEvent) -> Vec<InterfaceChange> {
+        let changes = interface_changes(self.watched.get(&event.ifindex()).map(|(link, _, _)| link), &event);
         match event {
             LinkEvent::Added(link) | LinkEvent::Changed(link) => self.watch(link),
             LinkEvent::Removed { ifindex, name } => self.unwatch(ifindex, &name),
         }
+        changes
     }
 
     fn watch(&mut self, link: LinkFacts) {
@@ -239,11 +326,12 @@ impl Sampler {
                 *drops.entry(reason_name(&self.reason_names, key.reason)).or_default() += since_watched;
             }
         }
+        let pod = self.pod_of(link).unwrap_or_default();
         InterfaceSeries {
             interface: link.name.clone(),
             ifindex: link.ifindex,
-            pod_namespace: String::new(),
-            pod: String::new(),
+            pod_namespace: pod.namespace,
+            pod: pod.name,
             counters,
             drops,
             removed: false,
@@ -325,5 +413,56 @@ impl Sampler {
             self.datapath.detach(ifindex);
         }
         self.watched.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interfaces::PeerLink;
+
+    fn link(name: &str, up: bool) -> LinkFacts {
+        LinkFacts {
+            ifindex: 7,
+            name: name.into(),
+            kind: Some("veth".into()),
+            is_ethernet: true,
+            up,
+            oper_up: up,
+            peer: Some(PeerLink { ifindex: 2, netnsid: Some(0), netns_inode: Some(4026532000) }),
+        }
+    }
+
+    fn kinds(changes: &[InterfaceChange]) -> Vec<(EventKind, &str)> {
+        changes.iter().map(|c| (c.kind, c.interface.as_str())).collect()
+    }
+
+    #[test]
+    fn link_events_become_lifecycle_events() {
+        let added = interface_changes(None, &LinkEvent::Added(link("veth1", true)));
+        assert_eq!(kinds(&added), [(EventKind::InterfaceAdded, "veth1")]);
+        assert_eq!(added[0].detail, "ifindex 7, veth, peer ifindex 2 in netns 4026532000, up");
+
+        let before = link("veth1", true);
+        let down = interface_changes(Some(&before), &LinkEvent::Changed(link("veth1", false)));
+        assert_eq!(kinds(&down), [(EventKind::InterfaceDown, "veth1")]);
+        let up = interface_changes(Some(&link("veth1", false)), &LinkEvent::Changed(link("veth1", true)));
+        assert_eq!(kinds(&up), [(EventKind::InterfaceUp, "veth1")]);
+        // Admin up but carrier down (peer down) counts as down.
+        let mut no_carrier = link("veth1", true);
+        no_carrier.oper_up = false;
+        assert_eq!(
+            kinds(&interface_changes(Some(&before), &LinkEvent::Changed(no_carrier))),
+            [(EventKind::InterfaceDown, "veth1")]
+        );
+        // Other changes (peer moved, MTU, ...) are not lifecycle events.
+        assert!(interface_changes(Some(&before), &LinkEvent::Changed(link("veth1", true))).is_empty());
+
+        let renamed = interface_changes(Some(&before), &LinkEvent::Changed(link("veth2", true)));
+        assert_eq!(kinds(&renamed), [(EventKind::InterfaceRemoved, "veth1"), (EventKind::InterfaceAdded, "veth2")]);
+
+        let removed = interface_changes(Some(&before), &LinkEvent::Removed { ifindex: 7, name: "veth1".into() });
+        assert_eq!(kinds(&removed), [(EventKind::InterfaceRemoved, "veth1")]);
+        assert!(interface_changes(None, &LinkEvent::Removed { ifindex: 7, name: "veth1".into() }).is_empty());
     }
 }

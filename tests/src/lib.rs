@@ -294,3 +294,89 @@ impl Metrics {
 pub fn settle() {
     thread::sleep(Duration::from_millis(700));
 }
+
+/// A directory under the system temp dir, removed (with everything in it) on drop.
+pub struct TempDir {
+    pub path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(prefix: &str) -> Result<Self> {
+        let path = std::env::temp_dir().join(unique(prefix));
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Self { path })
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    pub fn display(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// One lifecycle event as served by /api/v1/events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LifecycleEvent {
+    pub at: String,
+    pub kind: String,
+    pub subject: String,
+    pub detail: String,
+}
+
+impl Agent<'_> {
+    /// GETs a JSON document, failing on a non-200 answer.
+    pub fn get_json(&self, path: &str) -> Result<serde_json::Value> {
+        let (status, body) = self.get(path)?;
+        ensure!(status == 200, "GET {path} answered {status}: {body}");
+        serde_json::from_str(&body).with_context(|| format!("GET {path}: not JSON: {body}"))
+    }
+
+    /// /api/v1/events whose subject passes `keep`, oldest first.
+    pub fn events(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<LifecycleEvent>> {
+        let body = self.get_json("/api/v1/events")?;
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        Ok(body
+            .as_array()
+            .context("/api/v1/events is not an array")?
+            .iter()
+            .map(|e| LifecycleEvent {
+                at: text(&e["at"]),
+                kind: text(&e["kind"]),
+                subject: text(&e["subject"]),
+                detail: text(&e["detail"]),
+            })
+            .filter(|e| keep(&e.subject))
+            .collect())
+    }
+
+    /// Polls /api/v1/events (filtered by subject) until `done` holds; returns those events.
+    pub fn wait_events(
+        &self,
+        what: &str,
+        keep: impl Fn(&str) -> bool,
+        done: impl Fn(&[LifecycleEvent]) -> bool,
+    ) -> Result<Vec<LifecycleEvent>> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let events = self.events(&keep)?;
+            if done(&events) {
+                return Ok(events);
+            }
+            ensure!(Instant::now() < deadline, "timed out waiting for {what}; events so far:\n{events:#?}");
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// The (kind, subject) pairs of events, for exact comparisons.
+pub fn kinds(events: &[LifecycleEvent]) -> Vec<(String, String)> {
+    events.iter().map(|e| (e.kind.clone(), e.subject.clone())).collect()
+}

@@ -288,7 +288,7 @@ fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .any(|i| i["link"]["name"] == name.as_str() && !i["attach_mode"].is_null());
+                .any(|i| i["interface"] == name.as_str() && !i["attach_mode"].is_null());
             if attached {
                 latencies.push(created.elapsed());
                 break;
