@@ -8,5 +8,6 @@ pub mod config;
 pub mod datapath;
 pub mod interfaces;
 pub mod metrics;
+pub mod pods;
 pub mod sampler;
 pub mod timeline;
