@@ -1210,3 +1210,41 @@ mod tests {
         assert_eq!(index.lookup("veth1a2b3c4d", Some(kernel_inode)), None, "a missing sandbox has no inode");
     }
 }
+
+/// The pod index shared between its watcher (writer) and the sampler (reader), with a
+/// generation that moves on every change so readers can cache answers.
+#[derive(Default)]
+pub struct SharedPods {
+    index: std::sync::RwLock<PodIndex>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl SharedPods {
+    /// Changes the index and moves the generation on.
+    pub fn update<T>(&self, change: impl FnOnce(&mut PodIndex) -> T) -> T {
+        let mut index = self.index.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let result = change(&mut index);
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        result
+    }
+
+    pub fn read<T>(&self, read: impl FnOnce(&PodIndex) -> T) -> T {
+        read(&self.index.read().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}
+
+impl crate::sampler::PodSource for SharedPods {
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn lookup(&self, interface: &str, peer_netns: Option<u64>) -> Option<crate::sampler::PodLabels> {
+        self.read(|index| {
+            index.lookup(interface, peer_netns).map(|pod| crate::sampler::PodLabels {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                ips: pod.ips.clone(),
+            })
+        })
+    }
+}

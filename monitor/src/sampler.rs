@@ -4,6 +4,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -81,8 +82,15 @@ pub struct PodLabels {
     pub ips: Vec<String>,
 }
 
-/// Finds the pod of a host interface (name, peer netns inode); None when unknown.
-pub type PodLookup = Box<dyn Fn(&str, Option<u64>) -> Option<PodLabels> + Send + Sync>;
+/// Where pod names come from (the CNI cache).
+pub trait PodSource: Send + Sync {
+    /// Changes whenever an answer of `lookup` may have changed; lets callers cache answers.
+    fn generation(&self) -> u64;
+    /// The pod of a host-side pod veth (name, peer netns inode); None when unknown.
+    fn lookup(&self, interface: &str, peer_netns: Option<u64>) -> Option<PodLabels>;
+}
+
+type PodCache = HashMap<(u32, String), (u64, Option<PodLabels>)>;
 
 /// A lifecycle event derived from a netlink link event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -163,7 +171,9 @@ pub struct Sampler {
     other_carried: BTreeMap<String, u64>,
     grace: Duration,
     map_errors_reported: [u64; MAP_ERROR_SLOTS as usize],
-    pod_lookup: Option<PodLookup>,
+    pods: Option<Arc<dyn PodSource>>,
+    /// Answers of `pods` per (ifindex, name), valid while its generation holds.
+    pod_cache: Mutex<PodCache>,
 }
 
 impl Sampler {
@@ -179,18 +189,33 @@ impl Sampler {
             other_carried: BTreeMap::new(),
             grace,
             map_errors_reported: [0; MAP_ERROR_SLOTS as usize],
-            pod_lookup: None,
+            pods: None,
+            pod_cache: Mutex::new(HashMap::new()),
         }
     }
 
     /// Where pod names come from (the CNI cache); without one, pod labels stay empty.
-    pub fn set_pod_lookup(&mut self, lookup: PodLookup) {
-        self.pod_lookup = Some(lookup);
+    pub fn set_pod_source(&mut self, pods: Arc<dyn PodSource>) {
+        self.pods = Some(pods);
     }
 
+    /// The pod behind a pod veth; None for other interfaces and when the cache does not say.
     fn pod_of(&self, link: &LinkFacts) -> Option<PodLabels> {
-        let lookup = self.pod_lookup.as_ref()?;
-        lookup(&link.name, link.peer.as_ref().and_then(|peer| peer.netns_inode))
+        let pods = self.pods.as_ref()?;
+        if !link.is_pod_veth() {
+            return None;
+        }
+        let generation = pods.generation();
+        let mut cache = self.pod_cache.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (link.ifindex, link.name.clone());
+        if let Some((cached, labels)) = cache.get(&key)
+            && *cached == generation
+        {
+            return labels.clone();
+        }
+        let labels = pods.lookup(&link.name, link.peer.as_ref().and_then(|peer| peer.netns_inode));
+        cache.insert(key, (generation, labels.clone()));
+        labels
     }
 
     pub fn reason_name(&self, reason: u32) -> String {
@@ -240,6 +265,7 @@ impl Sampler {
 
     fn watch(&mut self, link: LinkFacts) {
         let ifindex = link.ifindex;
+        self.pod_cache.get_mut().unwrap_or_else(PoisonError::into_inner).retain(|(i, _), _| *i != ifindex);
         if !link.is_ethernet {
             warn!(interface = link.name, "not an Ethernet device: skipped (the tc programs parse Ethernet)");
             self.watched.insert(ifindex, (link, None, Some("not an Ethernet device".into())));
@@ -296,6 +322,7 @@ impl Sampler {
         let mut series = self.series_for(&link, final_counters, &drops);
         series.removed = true;
         series.interface = name.to_string();
+        self.pod_cache.get_mut().unwrap_or_else(PoisonError::into_inner).retain(|(i, _), _| *i != ifindex);
         // The kernel entries of a vanished device get no more increments: fold and forget them.
         let owned: Vec<(u64, u32)> =
             self.attribution.owners.iter().filter(|(_, owner)| **owner == ifindex).map(|(k, _)| *k).collect();
