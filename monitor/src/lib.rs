@@ -7,5 +7,6 @@ pub mod config;
 pub mod datapath;
 pub mod interfaces;
 pub mod metrics;
+pub mod processes;
 pub mod sampler;
 pub mod timeline;
