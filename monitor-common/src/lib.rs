@@ -99,6 +99,8 @@ pub const SYN_RETRANSMIT_WINDOW_NS: u64 = 130_000_000_000;
 pub const MAP_ERROR_DROPS_FULL: u32 = 0;
 pub const MAP_ERROR_INTERFACE_INSERT: u32 = 1;
 pub const MAP_ERROR_FLOWS_INSERT: u32 = 2;
+/// The process event ring buffer was full: a lifecycle event was lost.
+pub const MAP_ERROR_PROCESS_EVENTS: u32 = 3;
 pub const MAP_ERROR_SLOTS: u32 = 4;
 
 /// Map names, as the agent looks them up.
@@ -106,17 +108,26 @@ pub const INTERFACE_COUNTERS_MAP: &str = "INTERFACE_COUNTERS";
 pub const FLOWS_MAP: &str = "FLOWS";
 pub const DROPS_MAP: &str = "DROPS";
 pub const MAP_ERRORS_MAP: &str = "MAP_ERRORS";
+pub const SDN_COMMS_MAP: &str = "SDN_COMMS";
+pub const PROCESS_EVENTS_MAP: &str = "PROCESS_EVENTS";
 
 /// Default sizes; the agent may override them at load time.
 pub const INTERFACE_COUNTERS_MAX: u32 = 4096;
 pub const FLOWS_MAX: u32 = 65_536;
 pub const DROPS_MAX: u32 = 16_384;
+/// How many process names the kernel filter holds.
+pub const SDN_COMMS_MAX: u32 = 64;
+/// Bytes of the process event ring buffer (a power of two, a multiple of the page size).
+pub const PROCESS_EVENTS_BYTES: u32 = 256 * 1024;
 
 /// Program names, as the agent looks them up.
 pub const TC_INGRESS_PROGRAM: &str = "tc_ingress";
 pub const TC_EGRESS_PROGRAM: &str = "tc_egress";
 pub const KFREE_SKB_BTF_PROGRAM: &str = "kfree_skb_btf";
 pub const KFREE_SKB_TRACEPOINT_PROGRAM: &str = "kfree_skb_tp";
+/// On `sched:sched_process_exec` and `sched:sched_process_exit`.
+pub const PROCESS_EXEC_PROGRAM: &str = "process_exec";
+pub const PROCESS_EXIT_PROGRAM: &str = "process_exit";
 
 /// Globals set by the agent at load time with kernel offsets resolved from BTF.
 pub const GLOBAL_SKB_DEV_OFFSET: &str = "SKB_DEV_OFFSET";
@@ -128,6 +139,44 @@ pub const GLOBAL_TP_SKBADDR_OFFSET: &str = "TP_SKBADDR_OFFSET";
 pub const GLOBAL_TP_REASON_OFFSET: &str = "TP_REASON_OFFSET";
 /// Non-zero when the tracepoint carries a drop reason.
 pub const GLOBAL_HAS_REASON: &str = "HAS_REASON";
+/// Offsets the process tracer follows from `struct task_struct *` (from BTF).
+pub const GLOBAL_TASK_SIGNAL_OFFSET: &str = "TASK_SIGNAL_OFFSET";
+pub const GLOBAL_SIGNAL_LIVE_OFFSET: &str = "SIGNAL_LIVE_OFFSET";
+pub const GLOBAL_TASK_GROUP_LEADER_OFFSET: &str = "TASK_GROUP_LEADER_OFFSET";
+pub const GLOBAL_TASK_COMM_OFFSET: &str = "TASK_COMM_OFFSET";
+pub const GLOBAL_SIGNAL_GROUP_EXIT_CODE_OFFSET: &str = "SIGNAL_GROUP_EXIT_CODE_OFFSET";
+pub const GLOBAL_TASK_REAL_PARENT_OFFSET: &str = "TASK_REAL_PARENT_OFFSET";
+pub const GLOBAL_TASK_TGID_OFFSET: &str = "TASK_TGID_OFFSET";
+/// Offset of `group_dead` in the `sched:sched_process_exit` record, from its format file
+/// (0: the field does not exist, as on 6.1; the program then reads `task->signal->live`).
+pub const GLOBAL_TP_GROUP_DEAD_OFFSET: &str = "TP_GROUP_DEAD_OFFSET";
+
+/// Length of a kernel task name (`TASK_COMM_LEN`), NUL included.
+pub const COMM_LEN: usize = 16;
+
+/// [`ProcessEvent::kind`] values.
+pub const PROCESS_EVENT_EXEC: u32 = 1;
+pub const PROCESS_EVENT_EXIT: u32 = 2;
+
+/// One record of [`PROCESS_EVENTS_MAP`]: a watched process started (exec) or ended (the
+/// last thread of its thread group exited).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessEvent {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at the tracepoint.
+    pub ktime_ns: u64,
+    /// [`PROCESS_EVENT_EXEC`] or [`PROCESS_EVENT_EXIT`].
+    pub kind: u32,
+    /// Process id (thread group id).
+    pub tgid: u32,
+    /// Thread group id of the parent (`real_parent->tgid`), 0 if unreadable.
+    pub ppid: u32,
+    /// Exits: the wait status the parent sees (`signal->group_exit_code`): low 7 bits the
+    /// terminating signal, bit 7 core dumped, bits 8..15 the exit status. 0 for exec.
+    pub exit_code: u32,
+    /// The process's name (the group leader's comm), NUL-padded.
+    pub comm: [u8; COMM_LEN],
+}
 
 #[cfg(feature = "user")]
 mod user {
@@ -137,6 +186,7 @@ mod user {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowState {}
     unsafe impl aya::Pod for DropKey {}
+    unsafe impl aya::Pod for ProcessEvent {}
 }
 
 #[cfg(test)]
@@ -151,5 +201,6 @@ mod tests {
         assert_eq!(size_of::<FlowKey>(), 4 + 2 + 2 + 16 + 16 + 2 + 2);
         assert_eq!(size_of::<FlowState>(), 16);
         assert_eq!(size_of::<DropKey>(), 16);
+        assert_eq!(size_of::<ProcessEvent>(), 8 + 4 * 4 + COMM_LEN);
     }
 }

@@ -5,6 +5,7 @@
 
 mod drops;
 mod packets;
+mod process;
 
 #[cfg(not(test))]
 #[panic_handler]

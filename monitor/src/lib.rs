@@ -9,5 +9,6 @@ pub mod datapath;
 pub mod interfaces;
 pub mod metrics;
 pub mod pods;
+pub mod processes;
 pub mod sampler;
 pub mod timeline;

@@ -421,6 +421,7 @@ pub fn map_error_name(slot: usize) -> Option<&'static str> {
         monitor_common::MAP_ERROR_DROPS_FULL => Some("drops"),
         monitor_common::MAP_ERROR_INTERFACE_INSERT => Some("interface_counters"),
         monitor_common::MAP_ERROR_FLOWS_INSERT => Some("flows"),
+        monitor_common::MAP_ERROR_PROCESS_EVENTS => Some("process_events"),
         _ => None,
     }
 }

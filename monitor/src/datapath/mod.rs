@@ -4,6 +4,7 @@
 
 pub mod kernel_layout;
 pub mod mounts;
+pub mod processes_probe;
 
 use std::{collections::BTreeMap, os::fd::OwnedFd};
 
@@ -20,12 +21,15 @@ use monitor_common::{
     DROPS_MAP, DropKey, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_NET_INUM_OFFSET,
     GLOBAL_SKB_DEV_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET, INTERFACE_COUNTERS_MAP,
     InterfaceCounters, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM, MAP_ERROR_SLOTS, MAP_ERRORS_MAP,
-    TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM,
+    PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM, TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM,
 };
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use self::kernel_layout::{KernelLayout, read_kfree_skb_format};
+use self::{
+    kernel_layout::{KernelLayout, read_kfree_skb_format},
+    processes_probe::ProcessTracerOffsets,
+};
 
 /// The kernel programs, built by build.rs from monitor-ebpf.
 static PROGRAMS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/monitor-ebpf"));
@@ -48,6 +52,8 @@ pub enum DatapathError {
     Missing(&'static str),
     #[error("attaching to {interface}: tcx: {tcx}; clsact: {clsact}")]
     Attach { interface: String, tcx: String, clsact: String },
+    #[error("process tracer: {0}")]
+    ProcessTracer(String),
 }
 
 /// Which kernel mechanisms to use; `Auto` picks the best this kernel supports.
@@ -133,6 +139,8 @@ pub struct Datapath {
     probes: ProbeReport,
     drop_reasons: BTreeMap<u32, String>,
     nr_cpus: usize,
+    /// What the process tracer needs from this kernel, or why it cannot run.
+    process_offsets: Result<ProcessTracerOffsets, String>,
     /// Keeps the kernel's run-time statistics on while the agent runs.
     _stats: Option<OwnedFd>,
 }
@@ -152,8 +160,13 @@ impl Datapath {
         };
         let offsets = layout.offsets;
         debug!(?offsets, drop_reasons = layout.drop_reasons.len(), "kernel layout from BTF");
+        // Its failure only disables the process tracer (see start_process_probe).
+        let process_offsets = ProcessTracerOffsets::resolve(&layout.btf).map_err(|error| error.to_string());
+        let zero_offsets = ProcessTracerOffsets::default();
 
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        process_offsets.as_ref().unwrap_or(&zero_offsets).override_globals(&mut loader);
+        let mut ebpf = loader
             .override_global(GLOBAL_SKB_DEV_OFFSET, &offsets.skb_dev, true)
             .override_global(GLOBAL_DEV_IFINDEX_OFFSET, &offsets.dev_ifindex, true)
             .override_global(GLOBAL_DEV_NET_OFFSET, &offsets.dev_net, true)
@@ -214,6 +227,7 @@ impl Datapath {
             probes,
             drop_reasons: layout.drop_reasons,
             nr_cpus,
+            process_offsets,
             _stats: stats,
         })
     }
@@ -410,9 +424,16 @@ impl Datapath {
 }
 
 fn known_program(name: &str) -> Option<&'static str> {
-    [TC_INGRESS_PROGRAM, TC_EGRESS_PROGRAM, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM]
-        .into_iter()
-        .find(|known| *known == name)
+    [
+        TC_INGRESS_PROGRAM,
+        TC_EGRESS_PROGRAM,
+        KFREE_SKB_BTF_PROGRAM,
+        KFREE_SKB_TRACEPOINT_PROGRAM,
+        PROCESS_EXEC_PROGRAM,
+        PROCESS_EXIT_PROGRAM,
+    ]
+    .into_iter()
+    .find(|known| *known == name)
 }
 
 fn sum<'a>(values: impl Iterator<Item = &'a InterfaceCounters>) -> InterfaceCounters {

@@ -1,0 +1,316 @@
+//! The process tracer's kernel side: the `task_struct` offsets it follows (from BTF), the
+//! `sched:sched_process_exit` record layout (from its format file), the watched-name filter
+//! map, and attaching `process_exec` / `process_exit` to their classic tracepoints.
+
+use std::fs;
+
+use aya::{
+    EbpfLoader,
+    maps::{HashMap, MapData, RingBuf},
+    programs::TracePoint,
+};
+use btf_rs::Btf;
+use monitor_common::{
+    COMM_LEN, GLOBAL_SIGNAL_GROUP_EXIT_CODE_OFFSET, GLOBAL_SIGNAL_LIVE_OFFSET, GLOBAL_TASK_COMM_OFFSET,
+    GLOBAL_TASK_GROUP_LEADER_OFFSET, GLOBAL_TASK_REAL_PARENT_OFFSET, GLOBAL_TASK_SIGNAL_OFFSET,
+    GLOBAL_TASK_TGID_OFFSET, GLOBAL_TP_GROUP_DEAD_OFFSET, PROCESS_EVENTS_MAP, PROCESS_EXEC_PROGRAM,
+    PROCESS_EXIT_PROGRAM, SDN_COMMS_MAP, SDN_COMMS_MAX,
+};
+use tracing::{debug, info, warn};
+
+use super::{Datapath, DatapathError, kernel_layout::member_offset, program_mut};
+
+/// Probe name in [`super::ProbeReport`].
+pub const PROBE_NAME: &str = "sched_process";
+
+/// Byte offsets the process tracer follows from `struct task_struct *`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessTracerOffsets {
+    /// `task_struct.signal`.
+    pub task_signal: u32,
+    /// `signal_struct.live.counter` (threads of the group still alive).
+    pub signal_live: u32,
+    /// `task_struct.group_leader`.
+    pub task_group_leader: u32,
+    /// `task_struct.comm`.
+    pub task_comm: u32,
+    /// `signal_struct.group_exit_code`.
+    pub signal_group_exit_code: u32,
+    /// `task_struct.real_parent`.
+    pub task_real_parent: u32,
+    /// `task_struct.tgid`.
+    pub task_tgid: u32,
+    /// Offset of `group_dead` in the `sched_process_exit` record; 0 when the field is absent.
+    pub tp_group_dead: u32,
+}
+
+impl ProcessTracerOffsets {
+    /// Resolves the offsets from the kernel's BTF and the tracepoint's format file.
+    pub fn resolve(btf: &Btf) -> Result<Self, DatapathError> {
+        let tp_group_dead = match read_sched_process_exit_format() {
+            Ok(format) => tracepoint_field_offset(&format, "group_dead").unwrap_or(0),
+            Err(error) => {
+                // The classic tracepoint itself then fails to attach, with a clearer error.
+                debug!(%error, "sched_process_exit format unreadable");
+                0
+            }
+        };
+        Ok(Self {
+            task_signal: member_offset(btf, "task_struct", &["signal"])?,
+            signal_live: member_offset(btf, "signal_struct", &["live", "counter"])?,
+            task_group_leader: member_offset(btf, "task_struct", &["group_leader"])?,
+            task_comm: member_offset(btf, "task_struct", &["comm"])?,
+            signal_group_exit_code: member_offset(btf, "signal_struct", &["group_exit_code"])?,
+            task_real_parent: member_offset(btf, "task_struct", &["real_parent"])?,
+            task_tgid: member_offset(btf, "task_struct", &["tgid"])?,
+            tp_group_dead,
+        })
+    }
+
+    /// How the exit program tells the last thread of a process.
+    pub fn exit_detection(&self) -> &'static str {
+        if self.tp_group_dead != 0 { "group_dead" } else { "signal_live" }
+    }
+
+    /// Hands the offsets to the programs (globals are fixed at load time).
+    pub fn override_globals<'a>(&'a self, loader: &mut EbpfLoader<'a>) {
+        loader
+            .override_global(GLOBAL_TASK_SIGNAL_OFFSET, &self.task_signal, true)
+            .override_global(GLOBAL_SIGNAL_LIVE_OFFSET, &self.signal_live, true)
+            .override_global(GLOBAL_TASK_GROUP_LEADER_OFFSET, &self.task_group_leader, true)
+            .override_global(GLOBAL_TASK_COMM_OFFSET, &self.task_comm, true)
+            .override_global(GLOBAL_SIGNAL_GROUP_EXIT_CODE_OFFSET, &self.signal_group_exit_code, true)
+            .override_global(GLOBAL_TASK_REAL_PARENT_OFFSET, &self.task_real_parent, true)
+            .override_global(GLOBAL_TASK_TGID_OFFSET, &self.task_tgid, true)
+            .override_global(GLOBAL_TP_GROUP_DEAD_OFFSET, &self.tp_group_dead, true);
+    }
+}
+
+/// The running process tracer: its event stream.
+pub struct ProcessProbe {
+    /// [`monitor_common::ProcessEvent`] records, oldest first.
+    pub events: RingBuf<MapData>,
+    /// The process names the kernel filters on (kernel comm form, see [`comm_name`]).
+    pub names: Vec<String>,
+}
+
+impl std::fmt::Debug for ProcessProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessProbe").field("names", &self.names).finish_non_exhaustive()
+    }
+}
+
+/// The kernel's form of a process name: at most 15 bytes (`TASK_COMM_LEN` - 1), as the
+/// kernel truncates it. None for an empty name.
+pub fn comm_name(name: &str) -> Option<String> {
+    let bytes = comm_bytes(name)?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+fn comm_bytes(name: &str) -> Option<Vec<u8>> {
+    let bytes = name.as_bytes();
+    let bytes = &bytes[..bytes.len().min(COMM_LEN - 1)];
+    // A NUL would end the kernel's string early: such a name can never match.
+    if bytes.is_empty() || bytes.contains(&0) {
+        return None;
+    }
+    Some(bytes.to_vec())
+}
+
+/// The filter map key of a name: its comm bytes, NUL-padded.
+pub fn comm_key(name: &str) -> Option<[u8; COMM_LEN]> {
+    let bytes = comm_bytes(name)?;
+    let mut key = [0u8; COMM_LEN];
+    key[..bytes.len()].copy_from_slice(&bytes);
+    Some(key)
+}
+
+impl Datapath {
+    /// Fills the kernel's name filter with `names`, attaches `process_exec` and
+    /// `process_exit`, and hands over their event ring buffer. Records the outcome as probe
+    /// "sched_process" in the probe report. Can only succeed once.
+    pub fn start_process_probe(&mut self, names: &[String]) -> Result<ProcessProbe, DatapathError> {
+        let result = self.try_start_process_probe(names);
+        match &result {
+            Ok(probe) => {
+                let exit_detection = self.process_offsets.as_ref().map_or("", |o| o.exit_detection());
+                info!(names = ?probe.names, exit_detection, "process tracer attached");
+                self.probes.probes.insert(PROBE_NAME, Some("tracepoint".into()));
+                self.probes.errors.remove(PROBE_NAME);
+            }
+            Err(error) => {
+                warn!(%error, "process tracer unsupported on this kernel; SDN process events are not seen");
+                self.probes.probes.insert(PROBE_NAME, None);
+                self.probes.errors.insert(PROBE_NAME, error.to_string());
+            }
+        }
+        result
+    }
+
+    fn try_start_process_probe(&mut self, names: &[String]) -> Result<ProcessProbe, DatapathError> {
+        if let Err(error) = &self.process_offsets {
+            return Err(DatapathError::ProcessTracer(error.clone()));
+        }
+        if self.ebpf.map(PROCESS_EVENTS_MAP).is_none() {
+            return Err(DatapathError::ProcessTracer("already started".into()));
+        }
+        let mut keys = Vec::new();
+        let mut watched = Vec::new();
+        for name in names {
+            let (Some(key), Some(comm)) = (comm_key(name), comm_name(name)) else {
+                warn!(name, "not a usable process name (empty or with a NUL byte): ignored");
+                continue;
+            };
+            if comm != *name {
+                warn!(name, comm, "process names are at most 15 bytes in the kernel: watching the truncated name");
+            }
+            if !keys.contains(&key) {
+                keys.push(key);
+                watched.push(comm);
+            }
+        }
+        if keys.len() > SDN_COMMS_MAX as usize {
+            return Err(DatapathError::ProcessTracer(format!(
+                "{} process names given, the kernel filter holds {SDN_COMMS_MAX}",
+                keys.len()
+            )));
+        }
+        {
+            let map = self.ebpf.map_mut(SDN_COMMS_MAP).ok_or(DatapathError::Missing(SDN_COMMS_MAP))?;
+            let mut comms: HashMap<&mut MapData, [u8; COMM_LEN], u8> = HashMap::try_from(map)
+                .map_err(|source| DatapathError::Map { name: SDN_COMMS_MAP, source: Box::new(source) })?;
+            for key in &keys {
+                comms
+                    .insert(key, 1, 0)
+                    .map_err(|source| DatapathError::Map { name: SDN_COMMS_MAP, source: Box::new(source) })?;
+            }
+        }
+        let mut attached: Vec<&'static str> = Vec::new();
+        for (program_name, tracepoint) in
+            [(PROCESS_EXEC_PROGRAM, "sched_process_exec"), (PROCESS_EXIT_PROGRAM, "sched_process_exit")]
+        {
+            let outcome = program_mut::<TracePoint>(&mut self.ebpf, program_name).and_then(|program| {
+                program
+                    .load()
+                    .and_then(|()| program.attach("sched", tracepoint).map(drop))
+                    .map_err(|source| DatapathError::Program { name: program_name, source: Box::new(source) })
+            });
+            if let Err(error) = outcome {
+                // Half a tracer would report starts without exits (or fill the ring for nobody).
+                for name in attached.into_iter().chain([program_name]) {
+                    if let Ok(program) = program_mut::<TracePoint>(&mut self.ebpf, name) {
+                        let _ = program.unload();
+                    }
+                }
+                return Err(error);
+            }
+            attached.push(program_name);
+        }
+        let map = self.ebpf.take_map(PROCESS_EVENTS_MAP).ok_or(DatapathError::Missing(PROCESS_EVENTS_MAP))?;
+        let events = RingBuf::try_from(map)
+            .map_err(|source| DatapathError::Map { name: PROCESS_EVENTS_MAP, source: Box::new(source) })?;
+        Ok(ProcessProbe { events, names: watched })
+    }
+}
+
+/// Offset of `field` in a tracepoint format file, if the record has it.
+pub fn tracepoint_field_offset(format: &str, field: &str) -> Option<u32> {
+    for line in format.lines() {
+        let Some(rest) = line.trim().strip_prefix("field:") else { continue };
+        let mut declaration = "";
+        let mut offset = None;
+        for part in rest.split(';') {
+            let part = part.trim();
+            if let Some(value) = part.strip_prefix("offset:") {
+                offset = value.trim().parse::<u32>().ok();
+            } else if declaration.is_empty() {
+                declaration = part;
+            }
+        }
+        // "char comm[16]" names comm; "bool group_dead" names group_dead.
+        let name = declaration.rsplit([' ', '*']).next().unwrap_or_default();
+        let name = name.split('[').next().unwrap_or_default();
+        if name == field {
+            return offset;
+        }
+    }
+    None
+}
+
+fn read_sched_process_exit_format() -> Result<String, String> {
+    let candidates = [
+        "/sys/kernel/tracing/events/sched/sched_process_exit/format",
+        "/sys/kernel/debug/tracing/events/sched/sched_process_exit/format",
+    ];
+    for path in candidates {
+        if let Ok(text) = fs::read_to_string(path) {
+            return Ok(text);
+        }
+    }
+    Err(format!("no readable format file at {}", candidates.join(" or ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXIT_FORMAT_6_18: &str = "name: sched_process_exit
+ID: 369
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;
+\tfield:pid_t pid;\toffset:24;\tsize:4;\tsigned:1;
+\tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;
+\tfield:bool group_dead;\toffset:32;\tsize:1;\tsigned:0;
+
+print fmt: \"comm=%s pid=%d prio=%d group_dead=%s\", REC->comm, REC->pid, REC->prio, REC->group_dead ? \"true\" : \"false\"
+";
+
+    // 6.1: no group_dead.
+    const EXIT_FORMAT_6_1: &str = "\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;
+\tfield:pid_t pid;\toffset:24;\tsize:4;\tsigned:1;
+\tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;
+";
+
+    #[test]
+    fn group_dead_offset_from_format() {
+        assert_eq!(tracepoint_field_offset(EXIT_FORMAT_6_18, "group_dead"), Some(32));
+        assert_eq!(tracepoint_field_offset(EXIT_FORMAT_6_18, "comm"), Some(8));
+        assert_eq!(tracepoint_field_offset(EXIT_FORMAT_6_18, "pid"), Some(24));
+        assert_eq!(tracepoint_field_offset(EXIT_FORMAT_6_1, "group_dead"), None);
+        assert_eq!(tracepoint_field_offset("", "group_dead"), None);
+    }
+
+    #[test]
+    fn names_take_the_kernel_comm_form() {
+        assert_eq!(comm_name("ovs-vswitchd").as_deref(), Some("ovs-vswitchd"));
+        assert_eq!(comm_name("openshift-sdn-node").as_deref(), Some("openshift-sdn-n"));
+        assert_eq!(comm_name(""), None);
+        assert_eq!(comm_name("a\0b"), None);
+        let key = comm_key("flanneld").unwrap();
+        assert_eq!(&key[..8], b"flanneld");
+        assert!(key[8..].iter().all(|b| *b == 0));
+        let key = comm_key("openshift-sdn-node").unwrap();
+        assert_eq!(&key[..15], b"openshift-sdn-n");
+        assert_eq!(key[15], 0);
+    }
+
+    #[test]
+    fn offsets_resolve_on_the_running_kernel() {
+        let path = std::path::Path::new(super::super::kernel_layout::VMLINUX_BTF);
+        if !path.exists() {
+            eprintln!("no BTF: skipped");
+            return;
+        }
+        let Ok(btf) = Btf::from_file(path) else { return };
+        let offsets = ProcessTracerOffsets::resolve(&btf).unwrap();
+        assert!(offsets.task_comm > 0 && offsets.task_signal > 0 && offsets.task_group_leader > 0);
+        assert!(offsets.signal_group_exit_code > 0 && offsets.task_real_parent > 0 && offsets.task_tgid > 0);
+        // atomic_t live opens signal_struct on every kernel since 2.6 (after refcount sigcnt).
+        assert!(offsets.signal_live < 16, "{offsets:?}");
+    }
+}
