@@ -3,8 +3,10 @@
 
 pub mod agent;
 pub mod api;
+pub mod cni;
 pub mod config;
 pub mod datapath;
+pub mod dirwatch;
 pub mod interfaces;
 pub mod metrics;
 pub mod sampler;
