@@ -4,8 +4,10 @@
 pub mod agent;
 pub mod api;
 pub mod client;
+pub mod cni;
 pub mod config;
 pub mod datapath;
+pub mod dirwatch;
 pub mod interfaces;
 pub mod metrics;
 pub mod pods;
