@@ -14,10 +14,14 @@ use tracing::{info, warn};
 
 use crate::{
     api::{self, ApiState},
+    cni,
     config::Config,
     datapath::{Datapath, mounts},
     interfaces::{self, InterfaceFilter, LinkEvent},
+    lifecycle::{Lifecycle, LifecycleCollector},
     metrics::{Metrics, SharedSample},
+    pods::{self, SharedPods},
+    processes,
     sampler::{Sample, Sampler},
     timeline::{Event, Stamp, Timeline},
 };
@@ -29,16 +33,47 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         info!(?mounted, "mounted missing pseudo filesystems");
     }
     let filter = InterfaceFilter::new(&config.interfaces, &config.exclude).context("interface globs")?;
-    let datapath =
+    let mut datapath =
         Datapath::load(config.datapath_options()).context("loading the kernel programs (are you root, with BTF?)")?;
+    // Logged and reported as probe "sched_process" when the kernel cannot run it.
+    let (process_probe, process_tracer_error) = match datapath.start_process_probe(&config.sdn_processes) {
+        Ok(probe) => (Some(probe), None),
+        Err(error) => (None, Some(error.to_string())),
+    };
     let own_netns = interfaces::own_netns_inode().context("reading this network namespace")?;
-    let sampler = Arc::new(Mutex::new(Sampler::new(datapath, own_netns, config.removed_interface_grace())));
+    let timeline = Arc::new(Timeline::new(config.event_capacity));
+
+    let (process_watcher, processes_task) = processes::start(
+        process_probe,
+        config.sdn_processes.clone(),
+        config.process_restart_window(),
+        Arc::clone(&timeline),
+    )
+    .context("watching SDN processes")?;
+    let (cni_watcher, cni_task) =
+        cni::start(config.cni_dirs.clone(), Arc::clone(&timeline)).await.context("watching CNI config dirs")?;
+    let pods = Arc::new(SharedPods::default());
+    let pods_task = pods::watch_cache_dir(config.cni_cache_dir.clone(), Arc::clone(&pods))
+        .await
+        .context("watching the CNI result cache")?;
+    let lifecycle = Arc::new(Lifecycle {
+        cni: cni_watcher,
+        processes: process_watcher,
+        process_tracer_error,
+        pods: Arc::clone(&pods),
+        cni_cache_dir: config.cni_cache_dir.clone(),
+        timeline: Arc::clone(&timeline),
+    });
+
+    let mut sampler = Sampler::new(datapath, own_netns, config.removed_interface_grace());
+    sampler.set_pod_source(pods);
+    let sampler = Arc::new(Mutex::new(sampler));
 
     let listener = api::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
-    let timeline = Arc::new(Timeline::new(config.event_capacity));
     let shared_sample: SharedSample = Arc::new(RwLock::new(Arc::new(Sample::default())));
     let state = Arc::new(ApiState {
-        metrics: Metrics::new(Arc::clone(&shared_sample)),
+        metrics: Metrics::new(Arc::clone(&shared_sample)).with_collector(LifecycleCollector(Arc::clone(&lifecycle))),
+        lifecycle,
         sampler: Arc::clone(&sampler),
         timeline: Arc::clone(&timeline),
         ready: AtomicBool::new(false),
@@ -90,8 +125,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     state.ready.store(false, Ordering::Release);
     let _ = shutdown_tx.send(true);
     let _ = shutdown_rx.changed().await;
-    links_task.abort();
-    sampler_task.abort();
+    for task in [links_task, sampler_task, processes_task, cni_task, pods_task] {
+        task.abort();
+    }
     if let Ok(Err(error)) = server.await {
         warn!(%error, "HTTP server");
     }

@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 
 use crate::{
     datapath::ProbeReport,
+    lifecycle::Lifecycle,
     metrics::Metrics,
     sampler::{Sampler, WatchedInterface},
     timeline::{Timeline, parse_rfc3339},
@@ -29,6 +30,7 @@ pub struct ApiState {
     pub metrics: Metrics,
     pub sampler: Arc<Mutex<Sampler>>,
     pub timeline: Arc<Timeline>,
+    pub lifecycle: Arc<Lifecycle>,
     /// Programs loaded and the interfaces present at start-up attached.
     pub ready: AtomicBool,
 }
@@ -40,6 +42,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/api/v1/interfaces", get(interfaces))
         .route("/api/v1/events", get(events))
+        .route("/api/v1/lifecycle", get(lifecycle))
         .with_state(state)
 }
 
@@ -91,4 +94,8 @@ async fn events(State(state): State<Arc<ApiState>>, Query(query): Query<EventsQu
         Err(error) => return (StatusCode::BAD_REQUEST, format!("since: {error}\n")).into_response(),
     };
     Json(state.timeline.events(since)).into_response()
+}
+
+async fn lifecycle(State(state): State<Arc<ApiState>>) -> Response {
+    Json(state.lifecycle.snapshot()).into_response()
 }

@@ -33,6 +33,12 @@ impl Metrics {
         Self { registry }
     }
 
+    /// Adds families encoded by another collector (e.g. the lifecycle state).
+    pub fn with_collector(mut self, collector: impl Collector + 'static) -> Self {
+        self.registry.register_collector(Box::new(collector));
+        self
+    }
+
     /// OpenMetrics text, ending in `# EOF`.
     pub fn render(&self) -> Result<String, std::fmt::Error> {
         let mut body = String::with_capacity(16 * 1024);
@@ -41,7 +47,7 @@ impl Metrics {
     }
 }
 
-type Labels<'a> = Vec<(&'static str, &'a str)>;
+pub(crate) type Labels<'a> = Vec<(&'static str, &'a str)>;
 
 /// One metric family, from (labels, metric) pairs.
 fn family<'a, M: EncodeMetric>(
@@ -58,7 +64,7 @@ fn family<'a, M: EncodeMetric>(
     Ok(())
 }
 
-fn counter<'a>(
+pub(crate) fn counter<'a>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -67,7 +73,7 @@ fn counter<'a>(
     family(encoder, name, help, MetricType::Counter, series.map(|(labels, value)| (labels, ConstCounter::new(value))))
 }
 
-fn gauge<'a>(
+pub(crate) fn gauge<'a>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,

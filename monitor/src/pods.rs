@@ -27,12 +27,14 @@ use std::{
     hash::Hash,
     io::{self, Read},
     os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt},
-    path::Path,
+    path::{Path, PathBuf},
+    sync::Arc,
     time::SystemTime,
 };
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
+use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 /// Cache files larger than this are not read: a libcni entry is a few KiB.
@@ -1246,5 +1248,35 @@ impl crate::sampler::PodSource for SharedPods {
                 ips: pod.ips.clone(),
             })
         })
+    }
+}
+
+/// Follows the CNI result cache dir with inotify: every file written, renamed, or deleted
+/// updates the index. Returns once the start-up state is read.
+pub async fn watch_cache_dir(dir: PathBuf, pods: Arc<SharedPods>) -> anyhow::Result<JoinHandle<()>> {
+    let mut watcher = crate::dirwatch::watch_dirs(vec![dir])?;
+    // The first change per dir is its start-up state (Rescan, or Gone when it does not exist).
+    if let Some(change) = watcher.recv().await {
+        apply_cache_change(&pods, change);
+    }
+    let entries = pods.read(PodIndex::len);
+    tracing::info!(dir = %watcher.dirs()[0].display(), entries, "following the CNI result cache for pod names");
+    Ok(tokio::spawn(async move {
+        while let Some(change) = watcher.recv().await {
+            apply_cache_change(&pods, change);
+        }
+        tracing::warn!("CNI result cache watch ended: pod names are no longer updated");
+    }))
+}
+
+fn apply_cache_change(pods: &SharedPods, change: crate::dirwatch::DirChange) {
+    use crate::dirwatch::DirChange;
+    match change {
+        // A missing dir rescans to an empty index.
+        DirChange::Rescan { dir, .. } | DirChange::Gone { dir, .. } => pods.update(|index| index.rescan(&dir)),
+        DirChange::Entry { dir, name, .. } => {
+            let outcome = pods.update(|index| index.read_file(&dir, &name));
+            tracing::debug!(file = ?name, ?outcome, "CNI cache entry");
+        }
     }
 }

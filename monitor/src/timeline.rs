@@ -158,6 +158,8 @@ pub struct Timeline {
     capacity: usize,
     /// Events dropped from the front of the ring since start.
     evicted: Mutex<u64>,
+    /// Events recorded since start, by kind.
+    counts: Mutex<[u64; EventKind::ALL.len()]>,
     subscribers: broadcast::Sender<Event>,
 }
 
@@ -171,6 +173,7 @@ impl Timeline {
             ring: Mutex::new(VecDeque::with_capacity(capacity.min(1024))),
             capacity,
             evicted: Mutex::new(0),
+            counts: Mutex::new([0; EventKind::ALL.len()]),
             subscribers,
         }
     }
@@ -186,6 +189,9 @@ impl Timeline {
             detail = %event.detail,
             "lifecycle event"
         );
+        if let Some(slot) = EventKind::ALL.iter().position(|kind| *kind == event.kind) {
+            self.counts.lock().unwrap_or_else(PoisonError::into_inner)[slot] += 1;
+        }
         {
             let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
             let position = ring.partition_point(|e| e.stamp.mono_ns <= event.stamp.mono_ns);
@@ -208,6 +214,12 @@ impl Timeline {
     pub fn events(&self, since: Option<jiff::Timestamp>) -> Vec<Event> {
         let ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
         ring.iter().filter(|e| since.is_none_or(|since| e.stamp.wall >= since)).cloned().collect()
+    }
+
+    /// Events recorded since start (evicted ones included), for every kind.
+    pub fn counts_by_kind(&self) -> Vec<(EventKind, u64)> {
+        let counts = *self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        EventKind::ALL.into_iter().zip(counts).collect()
     }
 
     pub fn evicted(&self) -> u64 {
@@ -242,6 +254,9 @@ mod tests {
         let subjects: Vec<String> = timeline.events(None).into_iter().map(|e| e.subject).collect();
         assert_eq!(subjects, ["b", "c", "d"]);
         assert_eq!(timeline.evicted(), 1);
+        let counts = timeline.counts_by_kind();
+        assert_eq!(counts.len(), EventKind::ALL.len());
+        assert!(counts.contains(&(EventKind::ProcessStart, 4)));
     }
 
     #[test]
