@@ -57,6 +57,11 @@ fn family<'a, M: EncodeMetric>(
     kind: MetricType,
     series: impl Iterator<Item = (Labels<'a>, M)>,
 ) -> Result<(), std::fmt::Error> {
+    // Like client_golang, a family without series is left out rather than sent empty.
+    let mut series = series.peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
     let mut family = encoder.encode_descriptor(name, help, None, kind)?;
     for (labels, metric) in series {
         metric.encode(family.encode_family(&labels)?)?;

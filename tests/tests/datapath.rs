@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::{Result, ensure};
-use datapath_monitor_tests::{Agent, Netns, Pod, require_root, settle, sh};
+use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, require_root, settle, sh};
 
 const PAYLOAD: usize = 100;
 /// Ethernet (14) + IPv4 (20) + UDP (8) + payload: skb->len on a veth.
@@ -337,8 +337,16 @@ fn metrics_are_valid_openmetrics_with_every_family() -> Result<()> {
     require_root();
     let host = Netns::new("dmth")?;
     let pod = Pod::new(&host, 5)?;
-    let agent = Agent::start(&host, &[])?;
+    let cni = TempDir::new("dmcni")?;
+    std::fs::write(
+        cni.join("10-a.conflist"),
+        r#"{"cniVersion": "0.3.1", "name": "a", "plugins": [{"type": "bridge"}]}"#,
+    )?;
+    let cni_dir = cni.display();
+    let agent = Agent::start(&host, &["--cni-dir", &cni_dir, "--sdn-process", "dm-none"])?;
     send_udp(&pod.ns, addr(&pod.host_ip, 6003), 3)?;
+    std::fs::write(cni.join("20-bad.conf"), "{")?;
+    agent.wait_metrics("a CNI change", |m| m.has("datapath_cni_config_changes_total", &[("change", "invalid")]))?;
     agent.wait_metrics("drops", |m| m.has("datapath_drops_total", &[("interface", &pod.veth)]))?;
     let (status, body) = agent.get("/metrics")?;
     assert_eq!(status, 200);
@@ -353,6 +361,13 @@ fn metrics_are_valid_openmetrics_with_every_family() -> Result<()> {
         "datapath_interfaces_attached",
         "datapath_bpf_program_runs",
         "datapath_bpf_program_run_seconds",
+        "datapath_probe_loaded",
+        "datapath_cni_default_network_present",
+        "datapath_cni_config_changes",
+        "datapath_sdn_process_running",
+        "datapath_sdn_process_restarts",
+        "datapath_lifecycle_events",
+        "datapath_cni_cache_files_skipped",
     ] {
         ensure!(exposition.families.contains_key(family), "family {family} missing:\n{body}");
     }
