@@ -109,6 +109,14 @@ fn cni_config_changes_give_exact_events_and_gauges() -> Result<()> {
     let ordered = events.windows(2).all(|w| w[0].at <= w[1].at);
     ensure!(ordered, "events are not in time order: {events:#?}");
     ensure!(gauge(&cni_str)? == 0.0);
+    // ?since= keeps events at or after that time (the "+00:00" form of RFC 3339 too).
+    let since = events[5].at.replace('Z', "+00:00");
+    let (status, body) = agent.get(&format!("/api/v1/events?since={}", since.replace('+', "%2B")))?;
+    ensure!(status == 200, "{status} {body}");
+    let recent: Vec<serde_json::Value> = serde_json::from_str(&body)?;
+    let ours = recent.iter().filter(|e| e["subject"].as_str().is_some_and(|s| under(&cni.path)(s))).count();
+    ensure!(ours == 2, "since {since}: {body}");
+    ensure!(agent.get("/api/v1/events?since=yesterday")?.0 == 400, "a bad since is a client error");
     for (file, change, count) in [
         ("10-a.conflist", "added", 1.0),
         ("10-a.conflist", "changed", 1.0),
