@@ -1255,27 +1255,7 @@ mod tests {
 
     // --- real files -----------------------------------------------------------------------------
 
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(tag: &str) -> Self {
-            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-            let unique = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let path = std::env::temp_dir().join(format!(
-                "cni-{tag}-{}-{unique}-{}",
-                std::process::id(),
-                Stamp::now().mono_ns
-            ));
-            fs::create_dir_all(&path).unwrap();
-            Self(path)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_support::TempDir;
 
     const VALID: &str = r#"{"cniVersion":"0.4.0","name":"openshift-sdn","plugins":[{"type":"openshift-sdn"}]}"#;
 

@@ -693,27 +693,7 @@ mod tests {
 
     use super::*;
 
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(tag: &str) -> Self {
-            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-            let unique = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let path = std::env::temp_dir().join(format!(
-                "dirwatch-{tag}-{}-{unique}-{}",
-                std::process::id(),
-                Stamp::now().mono_ns
-            ));
-            std::fs::create_dir_all(&path).unwrap();
-            Self(path)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_support::TempDir;
 
     /// Receives changes until one matches, failing after a deadline; returns all received.
     async fn until(watcher: &mut DirWatcher, what: &str, mut pred: impl FnMut(&DirChange) -> bool) -> Vec<DirChange> {

@@ -15,3 +15,6 @@ pub mod pods;
 pub mod processes;
 pub mod sampler;
 pub mod timeline;
+
+#[cfg(test)]
+mod test_support;

@@ -630,11 +630,7 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        path::PathBuf,
-        process::{Command, Stdio},
-        sync::atomic::{AtomicU32, Ordering},
-    };
+    use std::process::{Command, Stdio};
 
     use super::*;
 
@@ -843,29 +839,17 @@ mod tests {
         assert!(entry.ips.is_empty(), "an ips entry without address adds nothing");
     }
 
-    static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+    use crate::test_support::TempDir;
 
-    struct TempDir(PathBuf);
+    trait WriteFile {
+        fn write(&self, name: &str, contents: &str) -> String;
+    }
 
-    impl TempDir {
-        fn new() -> Self {
-            let serial = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
-            let path = std::env::temp_dir().join(format!("dm-pods-{}-{serial}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&path);
-            std::fs::create_dir_all(&path).expect("create temp dir");
-            Self(path)
-        }
-
+    impl WriteFile for TempDir {
         fn write(&self, name: &str, contents: &str) -> String {
             let path = self.0.join(name);
             std::fs::write(&path, contents).expect("write temp file");
             path.to_string_lossy().into_owned()
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
         }
     }
 
@@ -930,7 +914,7 @@ mod tests {
 
     #[test]
     fn lookup_by_sandbox_netns_inode() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("pods");
         let (netns_a, netns_b) = (dir.write("netns-a", ""), dir.write("netns-b", ""));
         let mut index = index();
         index.upsert("sdn-a", cache_entry(Some(("ns", "a")), &[], &[&netns_a]));
@@ -959,7 +943,7 @@ mod tests {
 
     #[test]
     fn a_sandbox_outside_nsfs_is_no_netns() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("pods");
         let netns = dir.write("netns", "");
         let dev = std::fs::metadata(&netns).expect("stat").dev();
         let mut index = PodIndex { netns_dev: Some(dev + 1), ..PodIndex::new() };
@@ -972,7 +956,7 @@ mod tests {
 
     #[test]
     fn replacement_and_contested_interfaces() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("pods");
         let (netns_a, netns_b) = (dir.write("netns-a", ""), dir.write("netns-b", ""));
         let mut index = index();
 
@@ -1006,7 +990,7 @@ mod tests {
 
     #[test]
     fn a_bridge_listed_by_live_pods_is_no_pod() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("pods");
         let (netns_a, netns_b) = (dir.write("netns-a", ""), dir.write("netns-b", ""));
         let mut index = index();
         index.upsert("mynet-a-eth0", cache_entry(Some(("ns", "a")), &["cni0", "veth000a"], &[&netns_a]));
@@ -1022,7 +1006,7 @@ mod tests {
 
     #[test]
     fn several_attachments_of_one_pod_netns() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("pods");
         let netns = dir.write("netns", "");
         let mut index = index();
         let mut default = cache_entry(Some(("ns", "p")), &["vethdef00001"], &[&netns]);
@@ -1059,7 +1043,7 @@ mod tests {
 
     #[test]
     fn read_file_indexes_skips_and_forgets() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("pods");
         let mut index = index();
         dir.write("openshift-sdn-3f2a01-eth0", V031);
         match read(&mut index, &dir, "openshift-sdn-3f2a01-eth0") {
@@ -1096,7 +1080,7 @@ mod tests {
 
     #[test]
     fn rescan_reads_good_files_and_counts_the_rest() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("pods");
         dir.write("openshift-sdn-3f2a01-eth0", V031);
         dir.write("ovn-kubernetes-0123456789abcdef-eth0", V040);
         dir.write("broken-c9-eth0", r#"{"kind":"cniCacheV1","containerId":"c9","#);
@@ -1127,7 +1111,7 @@ mod tests {
 
     #[test]
     fn rescan_lets_the_newest_file_win() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("pods");
         let entry = |name: &str| {
             format!(
                 r#"{{"kind":"cniCacheV1","containerId":"{name}","ifName":"eth0","networkName":"n",
@@ -1153,7 +1137,7 @@ mod tests {
     #[test]
     fn a_non_utf8_file_name_is_skipped() {
         use std::os::unix::ffi::OsStrExt;
-        let dir = TempDir::new();
+        let dir = TempDir::new("pods");
         let name = OsStr::from_bytes(b"net-\xff-eth0");
         std::fs::write(dir.0.join(name), V031).expect("write");
         let mut index = index();

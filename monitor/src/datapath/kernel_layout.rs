@@ -154,13 +154,10 @@ fn drop_reasons(btf: &Btf) -> BTreeMap<u32, String> {
     reasons
 }
 
-/// Parses a tracepoint `format` file into the offsets of `skbaddr` and `reason`.
-pub fn parse_kfree_skb_format(format: &str) -> Result<TracepointLayout, DatapathError> {
-    let mut skbaddr = None;
-    let mut reason = None;
+/// Offset of `field` in a tracepoint `format` file's record, if the record has it.
+pub fn tracepoint_field_offset(format: &str, field: &str) -> Option<u32> {
     for line in format.lines() {
-        let line = line.trim();
-        let Some(rest) = line.strip_prefix("field:") else { continue };
+        let Some(rest) = line.trim().strip_prefix("field:") else { continue };
         let mut declaration = "";
         let mut offset = None;
         for part in rest.split(';') {
@@ -171,28 +168,42 @@ pub fn parse_kfree_skb_format(format: &str) -> Result<TracepointLayout, Datapath
                 declaration = part;
             }
         }
-        let field = declaration.rsplit([' ', '*']).next().unwrap_or_default();
-        match field {
-            "skbaddr" => skbaddr = offset,
-            "reason" => reason = offset,
-            _ => {}
+        // "void * skbaddr" names skbaddr; "char comm[16]" names comm; "bool group_dead" names group_dead.
+        let name = declaration.rsplit([' ', '*']).next().unwrap_or_default();
+        let name = name.split('[').next().unwrap_or_default();
+        if name == field {
+            return offset;
         }
     }
-    let skbaddr =
-        skbaddr.ok_or_else(|| DatapathError::Tracepoint { what: "kfree_skb format has no skbaddr field".into() })?;
-    Ok(TracepointLayout { skbaddr, reason })
+    None
+}
+
+/// Reads a tracepoint's format file from tracefs (either mount point).
+pub fn read_tracepoint_format(category: &str, name: &str) -> Result<String, String> {
+    let candidates = [
+        format!("/sys/kernel/tracing/events/{category}/{name}/format"),
+        format!("/sys/kernel/debug/tracing/events/{category}/{name}/format"),
+    ];
+    for path in &candidates {
+        if let Ok(text) = fs::read_to_string(path) {
+            return Ok(text);
+        }
+    }
+    Err(format!("no readable format file at {}", candidates.join(" or ")))
+}
+
+/// Parses a tracepoint `format` file into the offsets of `skbaddr` and `reason`.
+pub fn parse_kfree_skb_format(format: &str) -> Result<TracepointLayout, DatapathError> {
+    let skbaddr = tracepoint_field_offset(format, "skbaddr")
+        .ok_or_else(|| DatapathError::Tracepoint { what: "kfree_skb format has no skbaddr field".into() })?;
+    Ok(TracepointLayout { skbaddr, reason: tracepoint_field_offset(format, "reason") })
 }
 
 /// Reads the classic tracepoint's format from tracefs (either mount point).
 pub fn read_kfree_skb_format() -> Result<TracepointLayout, DatapathError> {
-    let candidates =
-        ["/sys/kernel/tracing/events/skb/kfree_skb/format", "/sys/kernel/debug/tracing/events/skb/kfree_skb/format"];
-    for path in candidates {
-        if let Ok(text) = fs::read_to_string(path) {
-            return parse_kfree_skb_format(&text);
-        }
-    }
-    Err(DatapathError::Tracepoint { what: format!("no readable format file at {}", candidates.join(" or ")) })
+    read_tracepoint_format("skb", "kfree_skb")
+        .map_err(|what| DatapathError::Tracepoint { what })
+        .and_then(|text| parse_kfree_skb_format(&text))
 }
 
 #[cfg(test)]

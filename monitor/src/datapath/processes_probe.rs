@@ -2,8 +2,6 @@
 //! `sched:sched_process_exit` record layout (from its format file), the watched-name filter
 //! map, and attaching `process_exec` / `process_exit` to their classic tracepoints.
 
-use std::fs;
-
 use aya::{
     EbpfLoader,
     maps::{HashMap, MapData, RingBuf},
@@ -18,7 +16,11 @@ use monitor_common::{
 };
 use tracing::{debug, info, warn};
 
-use super::{Datapath, DatapathError, kernel_layout::member_offset, program_mut};
+use super::{
+    Datapath, DatapathError,
+    kernel_layout::{member_offset, read_tracepoint_format, tracepoint_field_offset},
+    program_mut,
+};
 
 /// Probe name in [`super::ProbeReport`].
 pub const PROBE_NAME: &str = "sched_process";
@@ -47,7 +49,7 @@ pub struct ProcessTracerOffsets {
 impl ProcessTracerOffsets {
     /// Resolves the offsets from the kernel's BTF and the tracepoint's format file.
     pub fn resolve(btf: &Btf) -> Result<Self, DatapathError> {
-        let tp_group_dead = match read_sched_process_exit_format() {
+        let tp_group_dead = match read_tracepoint_format("sched", "sched_process_exit") {
             Ok(format) => tracepoint_field_offset(&format, "group_dead").unwrap_or(0),
             Err(error) => {
                 // The classic tracepoint itself then fails to attach, with a clearer error.
@@ -211,43 +213,6 @@ impl Datapath {
             .map_err(|source| DatapathError::Map { name: PROCESS_EVENTS_MAP, source: Box::new(source) })?;
         Ok(ProcessProbe { events, names: watched })
     }
-}
-
-/// Offset of `field` in a tracepoint format file, if the record has it.
-pub fn tracepoint_field_offset(format: &str, field: &str) -> Option<u32> {
-    for line in format.lines() {
-        let Some(rest) = line.trim().strip_prefix("field:") else { continue };
-        let mut declaration = "";
-        let mut offset = None;
-        for part in rest.split(';') {
-            let part = part.trim();
-            if let Some(value) = part.strip_prefix("offset:") {
-                offset = value.trim().parse::<u32>().ok();
-            } else if declaration.is_empty() {
-                declaration = part;
-            }
-        }
-        // "char comm[16]" names comm; "bool group_dead" names group_dead.
-        let name = declaration.rsplit([' ', '*']).next().unwrap_or_default();
-        let name = name.split('[').next().unwrap_or_default();
-        if name == field {
-            return offset;
-        }
-    }
-    None
-}
-
-fn read_sched_process_exit_format() -> Result<String, String> {
-    let candidates = [
-        "/sys/kernel/tracing/events/sched/sched_process_exit/format",
-        "/sys/kernel/debug/tracing/events/sched/sched_process_exit/format",
-    ];
-    for path in candidates {
-        if let Ok(text) = fs::read_to_string(path) {
-            return Ok(text);
-        }
-    }
-    Err(format!("no readable format file at {}", candidates.join(" or ")))
 }
 
 #[cfg(test)]
