@@ -8,6 +8,7 @@ pub mod cni;
 pub mod config;
 pub mod datapath;
 pub mod dirwatch;
+pub mod incident;
 pub mod interfaces;
 pub mod lifecycle;
 pub mod metrics;

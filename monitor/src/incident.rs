@@ -1,0 +1,68 @@
+//! The incident record: what `/api/v1/incidents` serves, what the state file holds, and
+//! what `datapath-monitor incidents` prints. Schema: ../shared/DESIGN.md.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One pod-network disruption across one or more interfaces.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Incident {
+    /// `<start RFC 3339>-<sequence>`, unique across restarts.
+    pub id: String,
+    /// RFC 3339, UTC, milliseconds.
+    pub start: String,
+    /// None while active.
+    pub end: Option<String>,
+    pub active: bool,
+    pub duration_seconds: f64,
+    pub totals: IncidentTotals,
+    pub interfaces: Vec<IncidentInterface>,
+    /// Most likely first (by confidence); empty when no lifecycle event was near: never invented.
+    pub causes: Vec<Cause>,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncidentTotals {
+    pub drops: u64,
+    pub tcp_resets: u64,
+    pub syn_retransmits: u64,
+    pub interfaces: usize,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncidentInterface {
+    pub interface: String,
+    pub pod_namespace: String,
+    pub pod: String,
+    pub drops: u64,
+    pub drop_reasons: BTreeMap<String, u64>,
+    pub tcp_resets: u64,
+    pub syn_retransmits: u64,
+    /// Directions ("ingress": from the pod, "egress": to the pod) whose steady traffic stopped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub silent_directions: Vec<String>,
+}
+
+/// A lifecycle event suspected of causing the incident.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cause {
+    /// A lifecycle event kind, e.g. `process_restart`.
+    pub kind: String,
+    pub subject: String,
+    /// RFC 3339 time of the event.
+    pub at: String,
+    /// Event time minus incident start: negative = before it began.
+    pub offset_seconds: f64,
+    /// In [0, 1]: kind weight times closeness in time (README, "Attribution").
+    pub confidence: f64,
+    pub detail: String,
+}
+
+impl Incident {
+    /// The label of `datapath_incidents_total{cause}`: the top cause's kind, or `unattributed`.
+    pub fn cause_label(&self) -> &str {
+        self.causes.first().map_or("unattributed", |cause| cause.kind.as_str())
+    }
+}
