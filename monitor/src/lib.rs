@@ -9,6 +9,7 @@ pub mod config;
 pub mod datapath;
 pub mod dirwatch;
 pub mod incident;
+pub mod incidents;
 pub mod interfaces;
 pub mod lifecycle;
 pub mod metrics;

@@ -32,6 +32,8 @@ pub struct InterfaceSeries {
     /// Drops by reason name, on the host side or the pod side of this interface.
     pub drops: BTreeMap<String, u64>,
     pub removed: bool,
+    /// A host-side veth whose peer is in another netns (a pod's).
+    pub is_pod_veth: bool,
 }
 
 /// Everything exported, read from the kernel at one instant.
@@ -362,6 +364,7 @@ impl Sampler {
             counters,
             drops,
             removed: false,
+            is_pod_veth: link.is_pod_veth(),
         }
     }
 

@@ -216,6 +216,13 @@ impl Timeline {
         ring.iter().filter(|e| since.is_none_or(|since| e.stamp.wall >= since)).cloned().collect()
     }
 
+    /// Events with `from_mono_ns <= mono_ns <= to_mono_ns`, oldest first.
+    pub fn between(&self, from_mono_ns: u64, to_mono_ns: u64) -> Vec<Event> {
+        let ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = ring.partition_point(|e| e.stamp.mono_ns < from_mono_ns);
+        ring.iter().skip(first).take_while(|e| e.stamp.mono_ns <= to_mono_ns).cloned().collect()
+    }
+
     /// Events recorded since start (evicted ones included), for every kind.
     pub fn counts_by_kind(&self) -> Vec<(EventKind, u64)> {
         let counts = *self.counts.lock().unwrap_or_else(PoisonError::into_inner);
@@ -253,6 +260,8 @@ mod tests {
         }
         let subjects: Vec<String> = timeline.events(None).into_iter().map(|e| e.subject).collect();
         assert_eq!(subjects, ["b", "c", "d"]);
+        let between: Vec<String> = timeline.between(20, 30).into_iter().map(|e| e.subject).collect();
+        assert_eq!(between, ["b", "c"]);
         assert_eq!(timeline.evicted(), 1);
         let counts = timeline.counts_by_kind();
         assert_eq!(counts.len(), EventKind::ALL.len());
