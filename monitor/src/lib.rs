@@ -9,6 +9,8 @@ pub mod config;
 pub mod datapath;
 pub mod dirwatch;
 pub mod incident;
+pub mod incident_store;
+pub mod incidents_view;
 pub mod interfaces;
 pub mod lifecycle;
 pub mod metrics;
