@@ -10,6 +10,8 @@ pub mod datapath;
 pub mod dirwatch;
 pub mod incident;
 pub mod incidents;
+pub mod incident_store;
+pub mod incidents_view;
 pub mod interfaces;
 pub mod lifecycle;
 pub mod metrics;
