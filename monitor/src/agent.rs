@@ -17,6 +17,9 @@ use crate::{
     cni,
     config::Config,
     datapath::{Datapath, mounts},
+    incident::Incident,
+    incident_store::IncidentStore,
+    incidents::{self, IncidentCollector, IncidentEngine, IncidentUpdate, SharedEngine},
     interfaces::{self, InterfaceFilter, LinkEvent},
     lifecycle::{Lifecycle, LifecycleCollector},
     metrics::{Metrics, SharedSample},
@@ -65,6 +68,26 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         timeline: Arc::clone(&timeline),
     });
 
+    // Incident history survives restarts; a state dir we cannot write is logged, not fatal.
+    let (store, history) = match IncidentStore::open(&config.state_dir, INCIDENT_FILE_MAX_BYTES) {
+        Ok(store) => {
+            let loaded = store.load(config.incident_history);
+            info!(
+                path = %store.path().display(),
+                incidents = loaded.incidents.len(),
+                skipped_lines = loaded.skipped_lines,
+                "incident history read back"
+            );
+            (Some(store), loaded.incidents)
+        }
+        Err(error) => {
+            warn!(error = %format!("{error:#}"), "incident history is not kept across restarts");
+            (None, Vec::new())
+        }
+    };
+    let engine: SharedEngine =
+        Arc::new(Mutex::new(IncidentEngine::new(config.engine_config(), Arc::clone(&timeline), history)));
+
     let mut sampler = Sampler::new(datapath, own_netns, config.removed_interface_grace());
     sampler.set_pod_source(pods);
     let sampler = Arc::new(Mutex::new(sampler));
@@ -72,7 +95,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let listener = api::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
     let shared_sample: SharedSample = Arc::new(RwLock::new(Arc::new(Sample::default())));
     let state = Arc::new(ApiState {
-        metrics: Metrics::new(Arc::clone(&shared_sample)).with_collector(LifecycleCollector(Arc::clone(&lifecycle))),
+        metrics: Metrics::new(Arc::clone(&shared_sample))
+            .with_collector(LifecycleCollector(Arc::clone(&lifecycle)))
+            .with_collector(IncidentCollector(Arc::clone(&engine))),
+        engine: Arc::clone(&engine),
         lifecycle,
         sampler: Arc::clone(&sampler),
         timeline: Arc::clone(&timeline),
@@ -105,9 +131,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     state.ready.store(true, Ordering::Release);
 
     let links_task = spawn_link_watch(Arc::clone(&sampler), link_events, Arc::clone(&timeline));
+    let store = Arc::new(Mutex::new(store));
     let sampler_task = {
         let sampler = Arc::clone(&sampler);
         let shared_sample = Arc::clone(&shared_sample);
+        let engine = Arc::clone(&engine);
+        let store = Arc::clone(&store);
         let interval = config.sample_interval();
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
@@ -115,7 +144,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             loop {
                 ticker.tick().await;
                 let sample = lock(&sampler).sample();
+                let now = Stamp::now();
+                let updates = lock(&engine).observe(now, &sample.interfaces);
                 publish(&shared_sample, sample);
+                for update in updates {
+                    incidents::log_update(&update);
+                    if let IncidentUpdate::Closed(incident) = update {
+                        persist(&store, &incident);
+                    }
+                }
             }
         })
     };
@@ -131,14 +168,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Ok(Err(error)) = server.await {
         warn!(%error, "HTTP server");
     }
+    if let Some(incident) = lock(&engine).close_now() {
+        incidents::log_update(&IncidentUpdate::Closed(incident.clone()));
+        persist(&store, &incident);
+    }
     lock(&sampler).detach_all();
     info!("detached from all interfaces");
     Ok(())
 }
 
-fn lock(sampler: &Mutex<Sampler>) -> std::sync::MutexGuard<'_, Sampler> {
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic elsewhere must not stop the agent from detaching at exit.
-    sampler.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The incident file is rotated at this size (one older file is kept).
+const INCIDENT_FILE_MAX_BYTES: u64 = 8 * 1024 * 1024;
+
+fn persist(store: &Mutex<Option<IncidentStore>>, incident: &Incident) {
+    if let Some(store) = lock(store).as_mut()
+        && let Err(error) = store.append(incident)
+    {
+        warn!(id = incident.id, error = %format!("{error:#}"), "could not write the incident to the state dir");
+    }
 }
 
 fn publish(shared: &SharedSample, sample: Sample) {

@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 
 use crate::{
     datapath::ProbeReport,
+    incidents::SharedEngine,
     lifecycle::Lifecycle,
     metrics::Metrics,
     sampler::{Sampler, WatchedInterface},
@@ -31,6 +32,7 @@ pub struct ApiState {
     pub sampler: Arc<Mutex<Sampler>>,
     pub timeline: Arc<Timeline>,
     pub lifecycle: Arc<Lifecycle>,
+    pub engine: SharedEngine,
     /// Programs loaded and the interfaces present at start-up attached.
     pub ready: AtomicBool,
 }
@@ -43,6 +45,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/v1/interfaces", get(interfaces))
         .route("/api/v1/events", get(events))
         .route("/api/v1/lifecycle", get(lifecycle))
+        .route("/api/v1/incidents", get(incidents))
         .with_state(state)
 }
 
@@ -98,4 +101,9 @@ async fn events(State(state): State<Arc<ApiState>>, Query(query): Query<EventsQu
 
 async fn lifecycle(State(state): State<Arc<ApiState>>) -> Response {
     Json(state.lifecycle.snapshot()).into_response()
+}
+
+async fn incidents(State(state): State<Arc<ApiState>>) -> Response {
+    let incidents = state.engine.lock().unwrap_or_else(std::sync::PoisonError::into_inner).incidents();
+    Json(incidents).into_response()
 }

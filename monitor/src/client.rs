@@ -38,6 +38,15 @@ impl Client {
     }
 }
 
+/// `datapath-monitor incidents [--json]`: recent incidents, newest first.
+pub fn incidents(server: &str, json: bool) -> anyhow::Result<String> {
+    let incidents = Client::new(server)?.get_json("/api/v1/incidents")?;
+    if json {
+        return Ok(serde_json::to_string_pretty(&incidents)? + "\n");
+    }
+    Ok(crate::incidents_view::render_incidents(&incidents))
+}
+
 /// `datapath-monitor status`: interfaces, probes and the lifecycle state.
 pub fn status(server: &str) -> anyhow::Result<String> {
     let client = Client::new(server)?;

@@ -509,7 +509,8 @@ impl DirState {
         };
         if let Some((kind, change, detail)) = outcome {
             self.count(name, change);
-            events.push(Event::new(stamp, kind, self.subject(name), detail));
+            let event = Event::new(stamp, kind, self.subject(name), detail);
+            events.push(if startup { event.found_at_startup() } else { event });
         }
         match facts {
             Some(facts) => self.files.insert(name.to_owned(), facts),
@@ -545,7 +546,8 @@ impl DirState {
             }
             (None, None) if startup && self.exists => {
                 let detail = format!("no valid network config in {} at start-up", self.dir.display());
-                events.push(Event::new(stamp, EventKind::CniDefaultNetworkMissing, self.dir.to_string_lossy(), detail));
+                let event = Event::new(stamp, EventKind::CniDefaultNetworkMissing, self.dir.to_string_lossy(), detail);
+                events.push(event.found_at_startup());
             }
             _ => {}
         }

@@ -84,6 +84,24 @@ pub struct RunArgs {
     /// How many lifecycle events the timeline keeps (oldest dropped first).
     #[arg(long, env = "DATAPATH_MONITOR_EVENT_CAPACITY")]
     pub event_capacity: Option<usize>,
+    /// Bad events (drops, resets, SYN retransmits) in one second above an interface's baseline that start a disruption.
+    #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_FLOOR")]
+    pub incident_floor: Option<u64>,
+    /// How long a disruption must stay calm before it ends (hysteresis), in milliseconds.
+    #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_QUIET_MS")]
+    pub incident_quiet_ms: Option<u64>,
+    /// How long steady traffic in one direction must stop to count as a disruption, in milliseconds.
+    #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_SILENCE_MS")]
+    pub incident_silence_ms: Option<u64>,
+    /// How far before an incident lifecycle events are candidate causes, in seconds.
+    #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_LOOKBACK_SECONDS")]
+    pub incident_lookback_seconds: Option<u64>,
+    /// Seconds of calm history in each interface's baseline.
+    #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_BASELINE_SECONDS")]
+    pub incident_baseline_seconds: Option<u64>,
+    /// Incidents kept in memory and read back from the state dir at start-up.
+    #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_HISTORY")]
+    pub incident_history: Option<usize>,
     /// How tc programs attach: auto (tcx, else clsact), tcx, clsact.
     #[arg(long, env = "DATAPATH_MONITOR_TC_ATTACH")]
     pub tc_attach: Option<TcAttachChoice>,
@@ -116,6 +134,12 @@ pub struct Config {
     pub sample_interval_ms: u64,
     pub process_restart_window_seconds: u64,
     pub event_capacity: usize,
+    pub incident_floor: u64,
+    pub incident_quiet_ms: u64,
+    pub incident_silence_ms: u64,
+    pub incident_lookback_seconds: u64,
+    pub incident_baseline_seconds: u64,
+    pub incident_history: usize,
     pub tc_attach: TcAttachChoice,
     pub drop_tracer: DropTracerChoice,
 }
@@ -151,6 +175,12 @@ impl Default for Config {
             sample_interval_ms: 250,
             process_restart_window_seconds: 60,
             event_capacity: 10_000,
+            incident_floor: 5,
+            incident_quiet_ms: 3_000,
+            incident_silence_ms: 2_000,
+            incident_lookback_seconds: 30,
+            incident_baseline_seconds: 60,
+            incident_history: 1_000,
             tc_attach: TcAttachChoice::Auto,
             drop_tracer: DropTracerChoice::Auto,
         }
@@ -188,6 +218,12 @@ impl Config {
             sample_interval_ms,
             process_restart_window_seconds,
             event_capacity,
+            incident_floor,
+            incident_quiet_ms,
+            incident_silence_ms,
+            incident_lookback_seconds,
+            incident_baseline_seconds,
+            incident_history,
             tc_attach,
             drop_tracer,
         } = args;
@@ -236,6 +272,21 @@ impl Config {
         if let Some(capacity) = event_capacity {
             resolved.event_capacity = capacity;
         }
+        macro_rules! set {
+            ($($field:ident),*) => {$(
+                if let Some(value) = $field {
+                    resolved.$field = value;
+                }
+            )*};
+        }
+        set!(
+            incident_floor,
+            incident_quiet_ms,
+            incident_silence_ms,
+            incident_lookback_seconds,
+            incident_baseline_seconds,
+            incident_history
+        );
         if let Some(choice) = tc_attach {
             resolved.tc_attach = choice;
         }
@@ -261,6 +312,19 @@ impl Config {
                 value: name.clone(),
             });
         }
+        let ranges: [(&'static str, u64, std::ops::RangeInclusive<u64>, &'static str); 6] = [
+            ("incident_floor", self.incident_floor, 1..=1_000_000, "between 1 and 1000000"),
+            ("incident_quiet_ms", self.incident_quiet_ms, 250..=600_000, "between 250 and 600000"),
+            ("incident_silence_ms", self.incident_silence_ms, 500..=600_000, "between 500 and 600000"),
+            ("incident_lookback_seconds", self.incident_lookback_seconds, 0..=3_600, "between 0 and 3600"),
+            ("incident_baseline_seconds", self.incident_baseline_seconds, 5..=3_600, "between 5 and 3600"),
+            ("incident_history", self.incident_history as u64, 1..=100_000, "between 1 and 100000"),
+        ];
+        for (key, value, range, what) in ranges {
+            if !range.contains(&value) {
+                return Err(ConfigError::Invalid { key, what, value: value.to_string() });
+            }
+        }
         if !(1..=1_000_000).contains(&self.event_capacity) {
             return Err(ConfigError::Invalid {
                 key: "event_capacity",
@@ -269,6 +333,17 @@ impl Config {
             });
         }
         Ok(())
+    }
+
+    pub fn engine_config(&self) -> crate::incidents::EngineConfig {
+        crate::incidents::EngineConfig {
+            floor: self.incident_floor,
+            quiet: Duration::from_millis(self.incident_quiet_ms),
+            silence: Duration::from_millis(self.incident_silence_ms),
+            lookback: Duration::from_secs(self.incident_lookback_seconds),
+            baseline_seconds: self.incident_baseline_seconds as usize,
+            history: self.incident_history,
+        }
     }
 
     pub fn process_restart_window(&self) -> Duration {
@@ -351,6 +426,8 @@ mod tests {
         assert!(parse(&["run", "--no-such-flag"]).is_err());
         let err = Config::from_toml(Path::new("x.toml"), "no_such_key = 1").unwrap_err();
         assert!(err.to_string().contains("no_such_key"), "{err}");
+        let err = Config::resolve(run_args(&["run", "--incident-floor", "0"])).unwrap_err();
+        assert!(err.to_string().contains("incident_floor"), "{err}");
         let err = Config::resolve(run_args(&["run", "--sdn-process", "a-name-longer-than-15"])).unwrap_err();
         assert!(err.to_string().contains("15 bytes"), "{err}");
     }

@@ -362,9 +362,9 @@ impl IncidentEngine {
                         disruption.last_bad_ns = now_ns;
                         disruption.end = current.clone();
                     }
-                    for direction in 0..2 {
-                        if silent[direction].is_some() {
-                            disruption.silent[direction] = true;
+                    for (was_silent, silent_now) in disruption.silent.iter_mut().zip(&silent) {
+                        if silent_now.is_some() {
+                            *was_silent = true;
                             disruption.last_bad_ns = now_ns;
                         }
                     }
@@ -605,7 +605,7 @@ const CLOSENESS_SECONDS: f64 = 10.0;
 /// Ranks lifecycle events as causes of an incident that started at `start`.
 ///
 /// Candidates are the events from `lookback` before the start until the end (the caller
-/// passes those). Interface events count only for the incident's own interfaces and for
+/// passes those), except states found at agent start-up (those are not changes). Interface events count only for the incident's own interfaces and for
 /// non-pod interfaces (bridges, tunnels), not for other pods' veths. For each subject only
 /// its strongest event is kept (an `ovs-vswitchd` exit and its restart are one cause).
 /// `confidence = kind weight × closeness`, where closeness is `e^(offset/10 s)` for an event
@@ -619,7 +619,7 @@ pub fn attribute(
     pod_veths: &HashSet<String>,
 ) -> Vec<Cause> {
     let mut best: BTreeMap<(u8, String), Cause> = BTreeMap::new();
-    for event in events {
+    for event in events.iter().filter(|e| !e.at_startup) {
         let family = match event.kind {
             EventKind::ProcessStart | EventKind::ProcessExit | EventKind::ProcessRestart => 0,
             EventKind::InterfaceAdded
@@ -664,7 +664,7 @@ fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -950,6 +950,15 @@ mod tests {
     }
 
     #[test]
+    fn states_found_at_start_up_are_not_causes() {
+        let mut sim = Sim::new();
+        let missing = Event::new(stamp(9.0), EventKind::CniDefaultNetworkMissing, "/etc/cni/net.d", "at start-up");
+        sim.timeline.record(Event { stamp: Stamp { mono_ns: at(9.0), ..missing.stamp }, ..missing }.found_at_startup());
+        sim.run(&["veth0001"], &[steady("veth0001", 40.0), burst("veth0001", 10.0, 12.0, 100)], 0.0, 20.0);
+        assert!(sim.engine.incidents()[0].causes.is_empty());
+    }
+
+    #[test]
     fn a_flapping_burst_is_one_incident() {
         let mut sim = Sim::new();
         let mut rates = vec![steady("veth0001", 60.0)];
@@ -1078,5 +1087,53 @@ mod tests {
             let injected: u64 = bursts.iter().map(|(_, _, len, d)| ((len * 4.0).floor() as u64 + 1) * d).sum();
             prop_assert!(dropped <= injected);
         }
+    }
+}
+
+/// The engine shared by the sampler task (writer), the API and scrapes.
+pub type SharedEngine = Arc<std::sync::Mutex<IncidentEngine>>;
+
+/// `datapath_incidents_total`, `datapath_incident_active`, `datapath_incident_duration_seconds`.
+#[derive(Clone)]
+pub struct IncidentCollector(pub SharedEngine);
+
+impl std::fmt::Debug for IncidentCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IncidentCollector")
+    }
+}
+
+impl prometheus_client::collector::Collector for IncidentCollector {
+    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use crate::metrics::{Labels, counter, family, gauge};
+        let (opened, active, durations) = {
+            let engine = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            (engine.opened_by_cause().clone(), engine.active(), engine.durations().clone())
+        };
+        counter(
+            &mut encoder,
+            "datapath_incidents",
+            "Incidents opened since the agent started, by top cause kind when opened (or unattributed).",
+            opened.iter().map(|(cause, n)| {
+                let labels: Labels = vec![("cause", cause.as_str())];
+                (labels, *n)
+            }),
+        )?;
+        gauge(
+            &mut encoder,
+            "datapath_incident_active",
+            "1 while a pod-network disruption is in progress.",
+            std::iter::once((Labels::new(), i64::from(active))),
+        )?;
+        family(
+            &mut encoder,
+            "datapath_incident_duration_seconds",
+            "Durations of closed incidents, by top cause kind.",
+            prometheus_client::metrics::MetricType::Histogram,
+            durations.iter().map(|(cause, histogram)| {
+                let labels: Labels = vec![("cause", cause.as_str())];
+                (labels, histogram.clone())
+            }),
+        )
     }
 }

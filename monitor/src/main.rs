@@ -36,9 +36,7 @@ fn main() -> ExitCode {
             Err(error) => Err(error.into()),
         },
         Command::Status { server } => client::status(&server).map(|text| print!("{text}")),
-        Command::Incidents { .. } => {
-            Err(anyhow::anyhow!("not available yet in this version: see `datapath-monitor status`"))
-        }
+        Command::Incidents { server, json } => client::incidents(&server, json).map(|text| print!("{text}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -50,7 +50,7 @@ impl Metrics {
 pub(crate) type Labels<'a> = Vec<(&'static str, &'a str)>;
 
 /// One metric family, from (labels, metric) pairs.
-fn family<'a, M: EncodeMetric>(
+pub(crate) fn family<'a, M: EncodeMetric>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,

@@ -144,11 +144,21 @@ pub struct Event {
     /// A file path, a process name or an interface name.
     pub subject: String,
     pub detail: String,
+    /// A state found at start-up (e.g. no default network), not a change seen happening:
+    /// reported, but never a cause of an incident.
+    #[serde(skip)]
+    pub at_startup: bool,
 }
 
 impl Event {
     pub fn new(stamp: Stamp, kind: EventKind, subject: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { stamp, kind, subject: subject.into(), detail: detail.into() }
+        Self { stamp, kind, subject: subject.into(), detail: detail.into(), at_startup: false }
+    }
+
+    /// Marks the event as a state found at start-up rather than a change.
+    pub fn found_at_startup(mut self) -> Self {
+        self.at_startup = true;
+        self
     }
 }
 

@@ -380,3 +380,17 @@ impl Agent<'_> {
 pub fn kinds(events: &[LifecycleEvent]) -> Vec<(String, String)> {
     events.iter().map(|e| (e.kind.clone(), e.subject.clone())).collect()
 }
+
+impl Netns {
+    /// Runs `f` on a background thread inside this namespace.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<thread::JoinHandle<Result<T>>> {
+        let file = File::open(format!("/run/netns/{}", self.name)).context("opening netns")?;
+        Ok(thread::spawn(move || {
+            setns(file.as_fd(), CloneFlags::CLONE_NEWNET).context("setns")?;
+            Ok(f())
+        }))
+    }
+}
