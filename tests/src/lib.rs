@@ -147,7 +147,8 @@ impl<'a> Agent<'a> {
     pub fn start(ns: &'a Netns, extra: &[&str]) -> Result<Self> {
         let binary = agent_binary()?;
         let log = std::env::temp_dir().join(format!("{}-agent.log", ns.name));
-        let log_file = File::create(&log)?;
+        // Appended to: a test that restarts the agent keeps both runs' logs.
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
         let listen = format!("127.0.0.1:{AGENT_PORT}");
         let mut args: Vec<&str> = vec!["netns", "exec", &ns.name];
         let binary_str = binary.to_str().context("binary path")?;
