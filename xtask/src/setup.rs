@@ -31,8 +31,18 @@ const BPF_LINKER_VERSION: &str = "~0.13";
 
 /// llvm-22-dev and libpolly-22-dev build bpf-linker; the rest build the lab and drive the
 /// end-to-end tests.
-const APT_PACKAGES: &[&str] =
-    &["llvm-22-dev", "libpolly-22-dev", "iproute2", "iptables", "bpftool", "ethtool", "curl", "procps"];
+/// openvswitch-switch provides the lab's userspace switch (no kernel module is loaded).
+const APT_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "iproute2",
+    "iptables",
+    "bpftool",
+    "ethtool",
+    "curl",
+    "procps",
+    "openvswitch-switch",
+];
 
 /// In install order: bpf-linker builds against the LLVM the apt step installs.
 const REQUIREMENTS: &[&dyn Requirement] = &[&AptPackages, &RustToolchains, &BpfLinker];
