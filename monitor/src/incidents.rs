@@ -599,6 +599,10 @@ pub fn kind_weight(kind: EventKind) -> f64 {
     }
 }
 
+/// Events up to this long after the detected start count as at the start: the start is only
+/// as precise as the sample interval, and a silence starts at the last packet seen.
+const AT_START_SECONDS: f64 = 1.0;
+
 /// Seconds over which closeness in time decays by a factor e.
 const CLOSENESS_SECONDS: f64 = 10.0;
 
@@ -607,10 +611,11 @@ const CLOSENESS_SECONDS: f64 = 10.0;
 /// Candidates are the events from `lookback` before the start until the end (the caller
 /// passes those), except states found at agent start-up (those are not changes). Interface events count only for the incident's own interfaces and for
 /// non-pod interfaces (bridges, tunnels), not for other pods' veths. For each subject only
-/// its strongest event is kept (an `ovs-vswitchd` exit and its restart are one cause).
-/// `confidence = kind weight × closeness`, where closeness is `e^(offset/10 s)` for an event
-/// `offset` seconds before the start and `0.5 × e^(−offset/10 s)` after it (an event during
-/// the disruption is more likely a consequence or a fix). Sorted by confidence, then
+/// its strongest event is kept, and a process restart stands for the exit and start it
+/// pairs (one cause, timed at the exit: when the process went down).
+/// `confidence = kind weight × closeness`, where closeness is `e^(−|offset|/10 s)` for an
+/// event up to 1 s after the start or any time before it, and `0.5 × e^(−offset/10 s)` later
+/// (an event well into the disruption is more likely a consequence or a fix). Sorted by confidence, then
 /// closeness. No candidate → empty: a cause is never invented.
 pub fn attribute(
     events: &[Event],
@@ -620,6 +625,20 @@ pub fn attribute(
 ) -> Vec<Cause> {
     let mut best: BTreeMap<(u8, String), Cause> = BTreeMap::new();
     for event in events.iter().filter(|e| !e.at_startup) {
+        // A restart is timed at the exit it follows: that is when the process went down.
+        let stamp = match event.kind {
+            EventKind::ProcessRestart => events
+                .iter()
+                .filter(|e| {
+                    e.kind == EventKind::ProcessExit
+                        && e.subject == event.subject
+                        && e.stamp.mono_ns <= event.stamp.mono_ns
+                })
+                .map(|e| e.stamp)
+                .next_back()
+                .unwrap_or(event.stamp),
+            _ => event.stamp,
+        };
         let family = match event.kind {
             EventKind::ProcessStart | EventKind::ProcessExit | EventKind::ProcessRestart => 0,
             EventKind::InterfaceAdded
@@ -633,21 +652,28 @@ pub fn attribute(
             }
             _ => 2,
         };
-        let offset = start.seconds_until(&event.stamp);
-        let closeness =
-            if offset <= 0.0 { (offset / CLOSENESS_SECONDS).exp() } else { 0.5 * (-offset / CLOSENESS_SECONDS).exp() };
+        let offset = start.seconds_until(&stamp);
+        let closeness = if offset <= AT_START_SECONDS {
+            (-offset.abs() / CLOSENESS_SECONDS).exp()
+        } else {
+            0.5 * (-offset / CLOSENESS_SECONDS).exp()
+        };
         let cause = Cause {
             kind: event.kind.as_str().to_string(),
             subject: event.subject.clone(),
-            at: rfc3339(event.stamp.wall),
+            at: rfc3339(stamp.wall),
             offset_seconds: round(offset, 1_000.0),
             confidence: round(kind_weight(event.kind) * closeness, 100.0),
             detail: event.detail.clone(),
         };
         let key = (family, event.subject.clone());
+        // Per subject the strongest event; a restart stands for its exit and start.
+        let rank = |c: &Cause| (c.kind == "process_restart", c.confidence);
         let stronger = best.get(&key).is_none_or(|kept| {
-            cause.confidence > kept.confidence
-                || (cause.confidence == kept.confidence && cause.offset_seconds.abs() < kept.offset_seconds.abs())
+            let (new, old) = (rank(&cause), rank(kept));
+            new.0 > old.0
+                || (new.0 == old.0 && new.1 > old.1)
+                || (new == old && cause.offset_seconds.abs() < kept.offset_seconds.abs())
         });
         if stronger {
             best.insert(key, cause);
@@ -680,7 +706,7 @@ fn basename(path: &str) -> &str {
 fn phrase(cause: &Cause) -> String {
     let s = cause.subject.as_str();
     match cause.kind.as_str() {
-        "process_restart" => format!("{s} restarted"),
+        "process_restart" => format!("{s} went down for a restart"),
         "process_exit" => format!("{s} exited"),
         "process_start" => format!("{s} started"),
         "cni_default_network_missing" => "the CNI default network config was removed".into(),
@@ -895,9 +921,10 @@ mod tests {
         assert!((incident.duration_seconds - 9.0).abs() <= 0.5, "{}", incident.duration_seconds);
         let kinds: Vec<&str> = incident.causes.iter().map(|c| c.kind.as_str()).collect();
         assert_eq!(kinds, ["process_restart", "cni_default_network_missing"], "{:#?}", incident.causes);
-        assert!((incident.causes[0].offset_seconds + 1.1).abs() < 0.3, "{:?}", incident.causes[0]);
+        // The restart is timed at the exit it follows.
+        assert!((incident.causes[0].offset_seconds + 2.0).abs() < 0.3, "{:?}", incident.causes[0]);
         assert!((incident.causes[1].offset_seconds + 2.9).abs() < 0.3, "{:?}", incident.causes[1]);
-        assert!(incident.message.contains("began 1.") && incident.message.contains("after ovs-vswitchd restarted"));
+        assert!(incident.message.contains("began 2.") && incident.message.contains("after ovs-vswitchd went down"));
         assert!(incident.message.contains("the CNI default network config was removed"), "{}", incident.message);
         assert_eq!(incident.interfaces[0].drop_reasons["NO_SOCKET"], 360);
         let opened = sim.updates.iter().filter(|u| matches!(u, IncidentUpdate::Opened(_))).count();
