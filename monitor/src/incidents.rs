@@ -671,7 +671,7 @@ pub fn attribute(
         let rank = |c: &Cause| (c.kind == "process_restart", c.confidence);
         let stronger = best.get(&key).is_none_or(|kept| {
             let (new, old) = (rank(&cause), rank(kept));
-            new.0 > old.0
+            (new.0 && !old.0)
                 || (new.0 == old.0 && new.1 > old.1)
                 || (new == old && cause.offset_seconds.abs() < kept.offset_seconds.abs())
         });
