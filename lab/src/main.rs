@@ -1,0 +1,168 @@
+//! `dm-lab`: build, inspect, disrupt and tear down the datapath-monitor lab, plus the lab's
+//! internal daemons (run by the lab itself inside its network namespaces).
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use dm_lab::{Lab, Scenario, daemons, sdn, sys};
+
+#[derive(Parser)]
+#[command(name = "dm-lab", about = "An OpenShift SDN node in a box, replaying pod-network disruptions")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build the lab (tears down leftovers first).
+    Up,
+    /// Remove every lab object (idempotent).
+    Down,
+    /// Show the running lab.
+    Status,
+    /// Print the flags that point datapath-monitor at the lab.
+    AgentArgs,
+    /// Replay a scenario and report the outage it caused.
+    Disrupt {
+        /// sdn-upgrade | ovs-restart | flow-flush | cni-flap | benign-restart | silent-drop | all
+        scenario: String,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// (internal) Serve GET /healthz → 200 "ok".
+    ServeHealthz {
+        #[arg(long, default_value_t = 8443)]
+        port: u16,
+        #[arg(long)]
+        pidfile: Option<PathBuf>,
+    },
+    /// (internal) Echo UDP datagrams.
+    UdpEcho {
+        #[arg(long, default_value_t = 9000)]
+        port: u16,
+        #[arg(long)]
+        pidfile: Option<PathBuf>,
+    },
+    /// (internal) Send UDP datagrams at a steady rate and count the echoes.
+    UdpClient {
+        #[arg(long)]
+        target: String,
+        #[arg(long, default_value_t = 20)]
+        rate: u32,
+        #[arg(long)]
+        log: PathBuf,
+        #[arg(long)]
+        pidfile: Option<PathBuf>,
+    },
+    /// (internal) Kubelet-like readiness prober.
+    Prober {
+        #[arg(long)]
+        url: String,
+        #[arg(long, default_value = "1s", value_parser = daemons::parse_duration)]
+        period: Duration,
+        #[arg(long, default_value = "1s", value_parser = daemons::parse_duration)]
+        timeout: Duration,
+        #[arg(long)]
+        log: PathBuf,
+        #[arg(long)]
+        pidfile: Option<PathBuf>,
+    },
+    /// (internal) The stand-in openshift-sdn node process.
+    Sdn {
+        #[arg(long, default_value = dm_lab::ROOT)]
+        root: PathBuf,
+        #[arg(long)]
+        keep_flows: bool,
+        #[arg(long, default_value = "0.5s", value_parser = daemons::parse_duration)]
+        program_delay: Duration,
+        #[arg(long, default_value = "3s", value_parser = daemons::parse_duration)]
+        resync_delay: Duration,
+        #[arg(long)]
+        pidfile: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("dm-lab: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn write_pid(pidfile: &Option<PathBuf>) -> anyhow::Result<()> {
+    match pidfile {
+        Some(path) => sys::write_own_pid(path),
+        None => Ok(()),
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Cmd::Up => {
+            let bin = std::env::current_exe().context("cannot find this executable")?;
+            let lab = Lab::up(&bin)?;
+            println!("{}", lab.status()?);
+            println!("agent flags: {}", lab.agent_args().join(" "));
+        }
+        Cmd::Down => {
+            Lab::down()?;
+            println!("lab removed");
+        }
+        Cmd::Status => println!("{}", Lab::attach()?.status()?),
+        Cmd::AgentArgs => println!("{}", Lab::attach()?.agent_args().join(" ")),
+        Cmd::Disrupt { scenario, json } => {
+            let scenarios =
+                if scenario == "all" {
+                    Scenario::ALL.to_vec()
+                } else {
+                    let names: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+                    vec![Scenario::parse(&scenario).with_context(|| {
+                        format!("unknown scenario `{scenario}` (one of: {}, all)", names.join(", "))
+                    })?]
+                };
+            let lab = Lab::attach()?;
+            for scenario in scenarios {
+                if !json {
+                    println!("== {scenario}: {}", scenario.description());
+                }
+                let report = lab.disrupt_with(scenario, &mut |at, step| {
+                    if !json {
+                        eprintln!("  {at:.3}  {step}");
+                    }
+                })?;
+                if json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    println!("{report}\n");
+                }
+            }
+        }
+        Cmd::ServeHealthz { port, pidfile } => {
+            write_pid(&pidfile)?;
+            daemons::serve_healthz(port)?;
+        }
+        Cmd::UdpEcho { port, pidfile } => {
+            write_pid(&pidfile)?;
+            daemons::udp_echo(port)?;
+        }
+        Cmd::UdpClient { target, rate, log, pidfile } => {
+            write_pid(&pidfile)?;
+            daemons::udp_client(&target, rate, &log)?;
+        }
+        Cmd::Prober { url, period, timeout, log, pidfile } => {
+            write_pid(&pidfile)?;
+            daemons::prober(&url, period, timeout, &log)?;
+        }
+        Cmd::Sdn { root, keep_flows, program_delay, resync_delay, pidfile } => {
+            let pidfile = pidfile.unwrap_or_else(|| root.join("pids/sdn.pid"));
+            sdn::run(&sdn::SdnOptions { root, keep_flows, program_delay, resync_delay, pidfile })?;
+        }
+    }
+    Ok(())
+}
