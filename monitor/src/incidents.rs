@@ -5,14 +5,15 @@
 //! - **bad events** are drops + TCP resets + SYN retransmits. Their rate in 1 s buckets
 //!   outside disruptions forms the interface's own baseline (median and MAD over the last
 //!   `baseline_seconds`). A disruption starts when the bad events of the trailing second
-//!   exceed `median + 3·MAD` by at least `floor`; it is backdated to the sample interval
-//!   of the first bad event in that second.
+//!   exceed `median + max(3·MAD, 3·√median)` by at least `floor`; it is backdated to the
+//!   sample interval of the first bad event in that second.
 //! - **silence**: a direction that had packets in at least 8 of the 10 seconds before its
 //!   last packet and then none for `silence` starts a disruption, backdated to that last
 //!   packet.
-//! - A disruption goes on while samples stay above the baseline (or the direction stays
-//!   silent) and ends `quiet` after the last such sample, at that sample: a flapping burst
-//!   is one disruption. Disruptions that overlap in time form one incident.
+//! - A disruption goes on while samples stay above the baseline with the trailing second
+//!   at least `floor / 2` over it (or the direction stays silent), and ends `quiet` after
+//!   the last such sample, at that sample: a flapping burst is one disruption.
+//!   Disruptions that overlap in time form one incident.
 //!
 //! Attribution: see [`attribute`].
 
@@ -325,8 +326,9 @@ impl IncidentEngine {
                 activity.observe(now_ns, delta.packets[direction]);
             }
 
+            // Counts are noisy like Poisson counts: the spread is at least √median.
             let (median, mad) = iface.baseline();
-            let expected_per_s = median + 3.0 * mad;
+            let expected_per_s = median + (3.0 * mad).max(3.0 * median.sqrt());
             let window_bad: u64 = iface.window.iter().map(|t| t.bad).sum();
             let window_excess = window_bad as f64 - expected_per_s;
             let tick_above = bad > 0 && bad as f64 > expected_per_s * dt_s;
@@ -358,7 +360,9 @@ impl IncidentEngine {
                     }
                 }
                 Some(disruption) => {
-                    if tick_above {
+                    // Goes on while this sample is above the baseline and the trailing second
+                    // still clearly is: benign traffic around its baseline lets it end.
+                    if tick_above && window_excess >= (self.config.floor as f64 / 2.0).max(1.0) {
                         disruption.last_bad_ns = now_ns;
                         disruption.end = current.clone();
                     }
@@ -1005,6 +1009,27 @@ mod tests {
         let mut sim = Sim::new();
         let benign = Rates { interface: "br0", from: 0.0, to: 60.0, drops: 30, packets_in: 20, packets_out: 20 };
         sim.run(&["br0"], &[benign], 0.0, 60.0);
+        assert!(sim.engine.incidents().is_empty(), "{:#?}", sim.engine.incidents());
+    }
+
+    #[test]
+    fn bursty_benign_drops_at_agent_start_open_no_incident() {
+        // As in the lab: one burst of 5 OTHERHOST drops per probe every second, 20/s on others.
+        let mut sim = Sim::new();
+        let mut rates =
+            vec![Rates { interface: "veth0002", from: 0.0, to: 60.0, drops: 20, packets_in: 20, packets_out: 20 }];
+        for second in 0..60 {
+            let from = second as f64 + 0.5;
+            rates.push(Rates {
+                interface: "veth0001",
+                from,
+                to: from + 0.25,
+                drops: 20,
+                packets_in: 20,
+                packets_out: 20,
+            });
+        }
+        sim.run(&["veth0001", "veth0002"], &rates, 0.0, 60.0);
         assert!(sim.engine.incidents().is_empty(), "{:#?}", sim.engine.incidents());
     }
 

@@ -46,16 +46,17 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}x{}", std::process::id() % 100_000, COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
-/// A network namespace, deleted on drop.
+/// A network namespace, deleted on drop when this harness created it.
 pub struct Netns {
     pub name: String,
+    owned: bool,
 }
 
 impl Netns {
     pub fn new(prefix: &str) -> Result<Self> {
         let name = unique(prefix);
         sh(&["ip", "netns", "add", &name])?;
-        let ns = Self { name };
+        let ns = Self { name, owned: true };
         // Quiet namespaces: no IPv6 autoconfiguration noise in exact counts.
         ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"])?;
         ns.exec(&["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"])?;
@@ -87,8 +88,18 @@ impl Netns {
 
 use std::os::unix::fs::MetadataExt as _;
 
+impl Netns {
+    /// A namespace someone else made (e.g. the lab's node); left alone on drop.
+    pub fn existing(name: &str) -> Self {
+        Self { name: name.to_string(), owned: false }
+    }
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
 }

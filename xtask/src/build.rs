@@ -32,3 +32,16 @@ pub fn build_agent(workspace: &Workspace, release: bool) -> anyhow::Result<PathB
     ensure!(binary.is_file(), "the build succeeded but {} is missing", binary.display());
     Ok(binary)
 }
+
+const LAB_PACKAGE: &str = "datapath-monitor-lab";
+const LAB_BINARY: &str = "dm-lab";
+
+/// Builds the lab's binary (its daemons: healthz server, prober, traffic, stand-in sdn).
+pub fn build_lab(workspace: &Workspace) -> anyhow::Result<PathBuf> {
+    let mut cargo = command::cargo();
+    cargo.current_dir(&workspace.root).args(["build", "--package", LAB_PACKAGE, "--bin", LAB_BINARY]);
+    command::run(&mut cargo).context("building the lab")?;
+    let binary = workspace.target_dir.join("debug").join(LAB_BINARY);
+    ensure!(binary.is_file(), "the build succeeded but {} is missing", binary.display());
+    Ok(binary)
+}

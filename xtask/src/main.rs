@@ -3,6 +3,7 @@
 
 mod build;
 mod command;
+mod lab;
 mod run;
 mod setup;
 mod test;
@@ -39,6 +40,13 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// The lab: a node in a box (OVS, pods, prober, stand-in openshift-sdn) to disrupt.
+    Lab {
+        #[command(subcommand)]
+        action: LabCommand,
+    },
+    /// Build, bring the lab up, run the agent, replay the SDN upgrade disruption, show what was caught.
+    Demo,
     /// fmt, clippy (host and eBPF), unit tests, then privileged end-to-end tests.
     Test {
         /// Only fmt, clippy and unit tests.
@@ -53,11 +61,30 @@ enum Task {
     },
 }
 
+#[derive(Subcommand)]
+enum LabCommand {
+    /// Create the lab (removing leftovers of an earlier one first).
+    Up,
+    /// Processes, bridge, flows, pods, the prober's last result.
+    Status,
+    /// Replay a failure: sdn-upgrade, ovs-restart, flow-flush, cni-flap, benign-restart, silent-drop.
+    Disrupt { scenario: String },
+    /// Remove everything the lab created.
+    Down,
+}
+
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Setup { check } => setup::setup(check),
         Task::Build { release } => build::build(release).map(|_agent| ()),
         Task::Run { release, args } => run::run(release, &args),
+        Task::Lab { action } => lab::lab(match action {
+            LabCommand::Up => lab::LabAction::Up,
+            LabCommand::Status => lab::LabAction::Status,
+            LabCommand::Disrupt { scenario } => lab::LabAction::Disrupt(scenario),
+            LabCommand::Down => lab::LabAction::Down,
+        }),
+        Task::Demo => lab::demo(),
         Task::Test { unit, e2e, filter } => test::test(test::Selection { unit: !e2e, e2e: !unit }, &filter),
     };
     match result {

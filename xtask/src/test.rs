@@ -23,6 +23,8 @@ const E2E_PACKAGE: &str = "datapath-monitor-tests";
 const AGENT_PACKAGE: &str = "datapath-monitor";
 /// How the end-to-end tests find the agent they start.
 const AGENT_BIN_VAR: &str = "DATAPATH_MONITOR_BIN";
+/// How the lab scenario tests find the lab's binary.
+const LAB_BIN_VAR: &str = "DM_LAB_BIN";
 
 /// Which halves of the run to do: `--unit` is fmt, clippy and unit tests; `--e2e` the rest.
 pub struct Selection {
@@ -43,13 +45,13 @@ pub fn test(selection: Selection, filter: &[String]) -> anyhow::Result<()> {
         report.step("unit tests", || unit_tests(&workspace))?;
     }
     if e2e {
-        let mut agent = None;
-        report.step("build agent", || {
-            agent = Some(build::build_agent(&workspace, false)?);
+        let mut binaries = None;
+        report.step("build agent and lab", || {
+            binaries = Some((build::build_agent(&workspace, false)?, build::build_lab(&workspace)?));
             Ok(Outcome::Passed)
         })?;
-        let agent = agent.context("the agent build step returned no binary")?;
-        report.step("end-to-end tests", || end_to_end_tests(&workspace, &agent, filter))?;
+        let (agent, lab) = binaries.context("the build step returned no binaries")?;
+        report.step("end-to-end tests", || end_to_end_tests(&workspace, &agent, &lab, filter))?;
     }
     report.finish();
     Ok(())
@@ -112,7 +114,7 @@ fn unit_tests(workspace: &Workspace) -> anyhow::Result<Outcome> {
     Ok(Outcome::Passed)
 }
 
-fn end_to_end_tests(workspace: &Workspace, agent: &Path, filter: &[String]) -> anyhow::Result<Outcome> {
+fn end_to_end_tests(workspace: &Workspace, agent: &Path, lab: &Path, filter: &[String]) -> anyhow::Result<Outcome> {
     if !command::is_root() {
         if running_in_ci() {
             bail!("privileged end-to-end tests need root; CI never skips them");
@@ -124,6 +126,7 @@ fn end_to_end_tests(workspace: &Workspace, agent: &Path, filter: &[String]) -> a
     for package in [AGENT_PACKAGE, E2E_PACKAGE] {
         let mut test = cargo_in(workspace);
         test.env(AGENT_BIN_VAR, agent)
+            .env(LAB_BIN_VAR, lab)
             .args(["test", "--package", package, "--", "--ignored", "--test-threads=1", "--nocapture"])
             .args(filter);
         command::run(&mut test)?;

@@ -1,0 +1,259 @@
+//! `cargo xtask lab up|status|disrupt SCENARIO|down` and `cargo xtask demo`: the node in a
+//! box (crate `datapath-monitor-lab`) and the agent watching it.
+
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail, ensure};
+use dm_lab::{Lab, NODE_NETNS, Probe, Scenario};
+use serde_json::Value;
+
+use crate::{
+    build,
+    command::{self, Workspace},
+    setup,
+};
+
+/// Where the agent listens inside the lab's node namespace.
+const AGENT_LISTEN: &str = "127.0.0.1:9781";
+
+pub enum LabAction {
+    Up,
+    Status,
+    Disrupt(String),
+    Down,
+}
+
+fn require_root(what: &str) -> anyhow::Result<()> {
+    if !command::is_root() {
+        bail!(
+            "{what} creates network namespaces, an OVS bridge and processes: run it as root (sudo -E cargo xtask ...)"
+        );
+    }
+    Ok(())
+}
+
+/// Builds the lab's binary (its daemons run from it).
+fn lab_binary() -> anyhow::Result<PathBuf> {
+    setup::ensure_ready()?;
+    build::build_lab(&Workspace::locate()?)
+}
+
+pub fn lab(action: LabAction) -> anyhow::Result<()> {
+    require_root("the lab")?;
+    match action {
+        LabAction::Up => {
+            let lab = Lab::up(&lab_binary()?)?;
+            println!("{}", lab.status()?);
+            println!(
+                "\nwatch it: sudo ip netns exec {NODE_NETNS} target/debug/datapath-monitor run {}",
+                lab.agent_args().join(" ")
+            );
+        }
+        LabAction::Status => println!("{}", Lab::attach()?.status()?),
+        LabAction::Disrupt(name) => {
+            let scenario = Scenario::parse(&name).with_context(|| {
+                let names: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+                format!("unknown scenario {name:?}; one of: {}", names.join(", "))
+            })?;
+            let report = Lab::attach()?.disrupt(scenario)?;
+            for (at, step) in &report.steps {
+                println!("{}  {step}", stamp(at));
+            }
+            match &report.outage {
+                Some(outage) => println!(
+                    "prober outage: {:.1} s ({} failed probes, {} → {})",
+                    outage.seconds,
+                    outage.failed_probes,
+                    stamp(&outage.first_failure),
+                    stamp(&outage.recovered)
+                ),
+                None => println!("prober outage: none"),
+            }
+        }
+        LabAction::Down => {
+            Lab::down()?;
+            println!("lab removed");
+        }
+    }
+    Ok(())
+}
+
+fn stamp(at: &jiff::Timestamp) -> String {
+    format!("{at:.3}")
+}
+
+/// The agent running in the lab's node namespace; stopped (SIGTERM) on drop.
+struct LabAgent {
+    child: Child,
+    binary: PathBuf,
+}
+
+impl LabAgent {
+    fn start(binary: &Path, lab: &Lab, log: &Path) -> anyhow::Result<Self> {
+        let log = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", NODE_NETNS])
+            .arg(binary)
+            .args(["run", "--listen", AGENT_LISTEN])
+            .args(lab.agent_args())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting the agent in the lab")?;
+        let agent = Self { child, binary: binary.to_path_buf() };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while agent.get("/readyz").is_err() {
+            ensure!(Instant::now() < deadline, "the agent did not become ready within 30 s");
+            thread::sleep(Duration::from_millis(200));
+        }
+        Ok(agent)
+    }
+
+    /// GET inside the node namespace (curl, which `cargo xtask setup` installs).
+    fn get(&self, path: &str) -> anyhow::Result<String> {
+        let output = Command::new("ip")
+            .args(["netns", "exec", NODE_NETNS, "curl", "-sf", "--max-time", "5"])
+            .arg(format!("http://{AGENT_LISTEN}{path}"))
+            .output()?;
+        ensure!(output.status.success(), "GET {path} failed");
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// `datapath-monitor <args>` against this agent.
+    fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = Command::new("ip")
+            .args(["netns", "exec", NODE_NETNS])
+            .arg(&self.binary)
+            .args(args)
+            .args(["--server", &format!("http://{AGENT_LISTEN}")])
+            .output()?;
+        ensure!(output.status.success(), "datapath-monitor {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
+impl Drop for LabAgent {
+    fn drop(&mut self) {
+        // SAFETY: kill on our own child's pid (`ip netns exec` execs the agent).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// `cargo xtask demo`: the seed incident, replayed on real OVS and caught.
+pub fn demo() -> anyhow::Result<()> {
+    require_root("the demo")?;
+    setup::ensure_ready()?;
+    let workspace = Workspace::locate()?;
+    let agent_binary = build::build_agent(&workspace, false)?;
+    let lab_binary = build::build_lab(&workspace)?;
+    let started = Instant::now();
+    println!(
+        "==> lab up: OVS br0 (userspace datapath, fail_mode=secure), tun0, 3 pods, prober, stand-in openshift-sdn"
+    );
+    let lab = Lab::up(&lab_binary)?;
+    let result = demo_in(&lab, &agent_binary);
+    println!("==> lab down");
+    if let Err(error) = Lab::down() {
+        eprintln!("warning: lab down: {error:#}");
+    }
+    let caught = result?;
+    println!("demo finished in {:.0} s", started.elapsed().as_secs_f64());
+    ensure!(caught, "the agent recorded no incident for the sdn-upgrade disruption");
+    Ok(())
+}
+
+fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
+    let log = lab.root.join("agent.log");
+    println!("==> agent: datapath-monitor run {} (log: {})", lab.agent_args().join(" "), log.display());
+    let agent = LabAgent::start(agent_binary, lab, &log)?;
+    // Baselines need calm seconds; silence detection needs 10 s of steady traffic.
+    println!("==> letting traffic settle for 12 s");
+    thread::sleep(Duration::from_secs(12));
+
+    println!(
+        "==> disrupt sdn-upgrade: TERM openshift-sdn (its trap removes the CNI config), restart ovs-vswitchd, new sdn ~8 s later"
+    );
+    let report = lab.disrupt(Scenario::SdnUpgrade)?;
+    for (at, step) in &report.steps {
+        println!("    {}  {step}", stamp(at));
+    }
+
+    // Wait for the incident to close (quiet period), at most 30 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let incidents = loop {
+        let incidents: Value = serde_json::from_str(&agent.get("/api/v1/incidents")?)?;
+        let closed = incidents.as_array().and_then(|all| all.first()).is_some_and(|i| i["active"] == false);
+        if closed || Instant::now() > deadline {
+            break incidents;
+        }
+        thread::sleep(Duration::from_millis(500));
+    };
+
+    println!("\n=== What kubelet's prober saw (every 1 s, 1 s timeout) ===");
+    let probes = lab.probes(Some(report.started))?;
+    print_readiness(&probes);
+    match &report.outage {
+        Some(outage) => println!(
+            "outage: {:.1} s, {} failed probes ({} → {})",
+            outage.seconds,
+            outage.failed_probes,
+            stamp(&outage.first_failure),
+            stamp(&outage.recovered)
+        ),
+        None => println!("outage: none seen by the prober"),
+    }
+
+    println!("\n=== What datapath-monitor recorded ===");
+    print!("{}", agent.cli(&["incidents"])?);
+    if let Some(first) = incidents.as_array().and_then(|all| all.first())
+        && let Some(outage) = &report.outage
+    {
+        let duration = first["duration_seconds"].as_f64().unwrap_or_default();
+        println!(
+            "\nincident {:.1} s vs prober outage {:.1} s; top cause: {} {}",
+            duration, outage.seconds, first["causes"][0]["kind"], first["causes"][0]["subject"]
+        );
+    }
+
+    println!("\n=== Key metrics ===");
+    let metrics = agent.get("/metrics")?;
+    let apiserver = lab.pods.iter().find(|p| p.name == "apiserver").map(|p| p.veth.clone()).unwrap_or_default();
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        let key = line.starts_with("datapath_incidents_total")
+            || line.starts_with("datapath_incident_duration_seconds_count")
+            || line.starts_with("datapath_cni_default_network_present")
+            || line.starts_with("datapath_sdn_process_restarts_total{process=\"ovs-vswitchd\"")
+            || line.starts_with("datapath_sdn_process_restarts_total{process=\"openshift-sdn-n\"")
+            || (line.starts_with("datapath_packets_total") && !apiserver.is_empty() && line.contains(&apiserver));
+        if key {
+            println!("{line}");
+        }
+    }
+    Ok(incidents.as_array().is_some_and(|all| !all.is_empty()))
+}
+
+fn print_readiness(probes: &[Probe]) {
+    let mut ready = true;
+    for probe in probes {
+        if probe.ok != ready {
+            ready = probe.ok;
+            if probe.ok {
+                println!("{}  Readiness probe succeeded: ready again", stamp(&probe.at));
+            } else {
+                println!(
+                    "{}  Readiness probe failed: {}",
+                    stamp(&probe.at),
+                    probe.error.as_deref().unwrap_or("no response")
+                );
+            }
+        }
+    }
+}
