@@ -7,9 +7,9 @@
 //!   `baseline_seconds`). A disruption starts when the bad events of the trailing second
 //!   exceed `median + max(3·MAD, 3·√median)` by at least `floor`; it is backdated to the
 //!   sample interval of the first bad event in that second.
-//! - **silence**: a direction that had packets in at least 8 of the 10 seconds before its
-//!   last packet and then none for `silence` starts a disruption, backdated to that last
-//!   packet.
+//! - **silence**: a direction whose packets came at most 1.6 s apart for the 10 s before
+//!   its last packet, and then none for `silence`, starts a disruption, backdated to that
+//!   last packet.
 //! - A disruption goes on while samples stay above the baseline with the trailing second
 //!   at least `floor / 2` over it (or the direction stays silent), and ends `quiet` after
 //!   the last such sample, at that sample: a flapping burst is one disruption.
@@ -33,9 +33,6 @@ use crate::{
 };
 
 const SECOND_NS: u64 = 1_000_000_000;
-/// Seconds of per-direction activity kept, and how many must have had packets.
-const ACTIVE_SECONDS: usize = 10;
-const ACTIVE_MIN: usize = 8;
 /// Seconds of baseline needed before rates are judged (warm-up of a new interface).
 const BASELINE_MIN: usize = 5;
 /// Buckets of `datapath_incident_duration_seconds`.
@@ -122,34 +119,36 @@ impl Counters {
 }
 
 /// Whether one direction of an interface carries steady traffic, and since when it is silent.
+///
+/// Steady: packets seen for at least `STEADY_NS`, never more than `STEADY_GAP_NS` apart
+/// (at sample resolution), up to the last packet. Gaps, not per-second buckets: a 1/s
+/// prober would fall in and out of buckets that drift against its ticks.
 #[derive(Debug, Default)]
 struct Activity {
+    /// The last sample that saw packets.
     last_packet_ns: Option<u64>,
-    /// Per completed second: had packets.
-    seconds: VecDeque<bool>,
-    bucket_start_ns: u64,
-    bucket_any: bool,
-    /// Steady traffic up to the last packet (ACTIVE_MIN of ACTIVE_SECONDS).
+    /// Since when packets have come without a gap over `STEADY_GAP_NS`.
+    steady_since: Option<u64>,
+    /// Steady traffic up to the last packet.
     steady_at_last_packet: bool,
 }
 
+/// How long traffic must have been regular to count as steady.
+const STEADY_NS: u64 = 10 * SECOND_NS;
+/// The largest gap between packets that still counts as regular traffic.
+const STEADY_GAP_NS: u64 = 1_600_000_000;
+
 impl Activity {
     fn observe(&mut self, now_ns: u64, packets: u64) {
-        if self.bucket_start_ns == 0 {
-            self.bucket_start_ns = now_ns;
+        if packets == 0 {
+            return;
         }
-        if packets > 0 {
-            self.bucket_any = true;
-            self.last_packet_ns = Some(now_ns);
-            self.steady_at_last_packet = self.seconds.iter().filter(|had| **had).count() >= ACTIVE_MIN;
+        let regular = self.last_packet_ns.is_some_and(|last| now_ns.saturating_sub(last) <= STEADY_GAP_NS);
+        if !regular {
+            self.steady_since = Some(now_ns);
         }
-        while now_ns.saturating_sub(self.bucket_start_ns) >= SECOND_NS {
-            self.seconds.push_back(std::mem::take(&mut self.bucket_any));
-            if self.seconds.len() > ACTIVE_SECONDS {
-                self.seconds.pop_front();
-            }
-            self.bucket_start_ns += SECOND_NS;
-        }
+        self.last_packet_ns = Some(now_ns);
+        self.steady_at_last_packet = self.steady_since.is_some_and(|since| now_ns.saturating_sub(since) >= STEADY_NS);
     }
 
     /// Silent for at least `silence` after steady traffic: the time of the last packet.

@@ -38,7 +38,7 @@ struct Run {
     events: Vec<LifecycleEvent>,
 }
 
-/// Lab up, agent up, 12 s of steady traffic, the scenario, then the agent's verdict once
+/// Lab up, agent up, 14 s of steady traffic, the scenario, then the agent's verdict once
 /// every incident has closed (or 8 s of calm after the scenario when there is none).
 fn replay(scenario: Scenario) -> Result<Run> {
     require_root();
@@ -47,7 +47,7 @@ fn replay(scenario: Scenario) -> Result<Run> {
     let args = lab.0.agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let agent = Agent::start(&node, &args)?;
-    thread::sleep(Duration::from_secs(12));
+    thread::sleep(Duration::from_secs(14));
     let report = lab.0.disrupt(scenario)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let calm_from = Instant::now();

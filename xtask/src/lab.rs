@@ -175,8 +175,8 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
     println!("==> agent: datapath-monitor run {} (log: {})", lab.agent_args().join(" "), log.display());
     let agent = LabAgent::start(agent_binary, lab, &log)?;
     // Baselines need calm seconds; silence detection needs 10 s of steady traffic.
-    println!("==> letting traffic settle for 12 s");
-    thread::sleep(Duration::from_secs(12));
+    println!("==> letting traffic settle for 14 s");
+    thread::sleep(Duration::from_secs(14));
 
     println!(
         "==> disrupt sdn-upgrade: TERM openshift-sdn (its trap removes the CNI config), restart ovs-vswitchd, new sdn ~8 s later"
