@@ -179,7 +179,7 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
     thread::sleep(Duration::from_secs(14));
 
     println!(
-        "==> disrupt sdn-upgrade: TERM openshift-sdn (its trap removes the CNI config), restart ovs-vswitchd, new sdn ~8 s later"
+        "==> disrupt sdn-upgrade: TERM openshift-sdn (its trap removes the CNI config), restart ovs-vswitchd, new sdn ~9 s later"
     );
     let report = lab.disrupt(Scenario::SdnUpgrade)?;
     for (at, step) in &report.steps {
@@ -219,7 +219,10 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
         let duration = first["duration_seconds"].as_f64().unwrap_or_default();
         println!(
             "\nincident {:.1} s vs prober outage {:.1} s; top cause: {} {}",
-            duration, outage.seconds, first["causes"][0]["kind"], first["causes"][0]["subject"]
+            duration,
+            outage.seconds,
+            first["causes"][0]["kind"].as_str().unwrap_or("unattributed"),
+            first["causes"][0]["subject"].as_str().unwrap_or("")
         );
     }
 
