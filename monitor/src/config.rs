@@ -8,7 +8,7 @@ use std::{
 };
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     datapath::{DatapathOptions, DropTracerChoice, TcAttachChoice},
@@ -48,6 +48,9 @@ pub struct RunArgs {
     /// TOML configuration file (keys as in datapath-monitor.toml).
     #[arg(long, env = "DATAPATH_MONITOR_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Resolve and check the configuration, print it as TOML, and exit without loading anything.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Address of the HTTP server (/metrics, /healthz, /readyz, /api/v1/*).
     #[arg(long, env = "DATAPATH_MONITOR_LISTEN")]
     pub listen: Option<SocketAddr>,
@@ -110,7 +113,7 @@ pub struct RunArgs {
     pub drop_tracer: Option<DropTracerChoice>,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -119,7 +122,7 @@ pub enum LogFormat {
 }
 
 /// The resolved configuration; also the schema of the TOML file.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub listen: SocketAddr,
@@ -206,6 +209,7 @@ impl Config {
     pub fn resolve(args: RunArgs) -> Result<Self, ConfigError> {
         let RunArgs {
             config,
+            dry_run: _,
             listen,
             interfaces,
             excludes,
@@ -335,6 +339,11 @@ impl Config {
         Ok(())
     }
 
+    /// The configuration as a TOML file would state it.
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string(self)
+    }
+
     pub fn engine_config(&self) -> crate::incidents::EngineConfig {
         crate::incidents::EngineConfig {
             floor: self.incident_floor,
@@ -430,6 +439,13 @@ mod tests {
         assert!(err.to_string().contains("incident_floor"), "{err}");
         let err = Config::resolve(run_args(&["run", "--sdn-process", "a-name-longer-than-15"])).unwrap_err();
         assert!(err.to_string().contains("15 bytes"), "{err}");
+    }
+
+    #[test]
+    fn dry_run_output_reads_back_as_the_same_config() {
+        let config = Config::resolve(run_args(&["run", "--dry-run", "--incident-floor", "9"])).unwrap();
+        let text = config.to_toml().unwrap();
+        assert_eq!(Config::from_toml(Path::new("x"), &text).unwrap(), config);
     }
 
     #[test]

@@ -23,6 +23,10 @@ fn init_logging(format: LogFormat) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) if args.dry_run => Config::resolve(*args)
+            .map_err(anyhow::Error::from)
+            .and_then(|config| Ok(config.to_toml()?))
+            .map(|text| print!("{text}")),
         Command::Run(args) => match Config::resolve(*args) {
             Ok(config) => {
                 init_logging(config.log_format);

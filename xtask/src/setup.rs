@@ -9,7 +9,7 @@ use std::{
     ffi::OsStr,
     fs, iter,
     os::unix::ffi::OsStrExt as _,
-    path::Path,
+    path::{Path, PathBuf},
     process::{self, Command, Stdio},
     thread,
     time::{Duration, Instant},
@@ -42,10 +42,74 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
     "procps",
     "openvswitch-switch",
+    // promtool (and the Prometheus server the alert test runs); python3-venv for kubernetes-validate.
+    "prometheus",
+    "python3-venv",
 ];
 
 /// In install order: bpf-linker builds against the LLVM the apt step installs.
-const REQUIREMENTS: &[&dyn Requirement] = &[&AptPackages, &RustToolchains, &BpfLinker];
+const REQUIREMENTS: &[&dyn Requirement] = &[&AptPackages, &RustToolchains, &BpfLinker, &DeployTools];
+
+/// kubernetes-validate (PyPI), pinned: its bundled schemas validate the manifests offline.
+const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
+
+/// Where the manifest tools live: a virtualenv of our own, never the system Python's packages.
+pub fn tools_venv() -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    home.join(".cache/datapath-monitor/venv")
+}
+
+/// kubectl (with kustomize) and kubernetes-validate, for checking deploy/.
+struct DeployTools;
+
+impl DeployTools {
+    fn kubectl_present() -> bool {
+        command::succeeds(command("kubectl").args(["version", "--client"]).stdout(Stdio::null()).stderr(Stdio::null()))
+    }
+
+    fn validator_present() -> bool {
+        let python = tools_venv().join("bin/python");
+        command::succeeds(
+            command(python.to_str().unwrap_or("python3")).args(["-c", "import kubernetes_validate, yaml"]),
+        )
+    }
+}
+
+impl Requirement for DeployTools {
+    fn check(&self) -> anyhow::Result<State> {
+        let mut missing = Vec::new();
+        if !Self::kubectl_present() {
+            missing.push("kubectl".to_owned());
+        }
+        if !Self::validator_present() {
+            missing.push(format!("{KUBERNETES_VALIDATE} in {}", tools_venv().display()));
+        }
+        Ok(if missing.is_empty() {
+            State::Present(format!("kubectl, {KUBERNETES_VALIDATE} in {}", tools_venv().display()))
+        } else {
+            State::Missing(missing.join(", "))
+        })
+    }
+
+    fn install(&self) -> anyhow::Result<()> {
+        if !Self::kubectl_present() {
+            // Debian's kubectl; a kubectl from elsewhere on PATH is used as it is.
+            command::run(apt_get().args(["install", "-y", "kubernetes-client"]))?;
+        }
+        if !Self::validator_present() {
+            let venv = tools_venv();
+            command::run(command("python3").args(["-m", "venv"]).arg(&venv))
+                .context("creating the tools virtualenv (apt package python3-venv)")?;
+            command::run(command(venv.join("bin/pip").to_str().unwrap_or("pip")).args([
+                "install",
+                "-q",
+                KUBERNETES_VALIDATE,
+            ]))
+            .context("installing kubernetes-validate from PyPI")?;
+        }
+        Ok(())
+    }
+}
 
 /// One thing building or testing needs from this machine.
 trait Requirement {
@@ -135,6 +199,7 @@ fn install_by_hand() -> String {
          && rustup component add rust-src clippy --toolchain nightly && rustup component add clippy"
             .to_owned(),
         format!("  - bpf-linker: PATH=<LLVM 22 prefix>/bin:$PATH {}", command::display(&bpf_linker)),
+        format!("  - kubectl, and {KUBERNETES_VALIDATE} in a virtualenv at {}", tools_venv().display()),
     ]
     .join("\n")
 }

@@ -43,6 +43,7 @@ pub fn test(selection: Selection, filter: &[String]) -> anyhow::Result<()> {
         report.step("clippy", || clippy(&workspace))?;
         report.step("clippy (eBPF, nightly)", || clippy_ebpf(&workspace))?;
         report.step("unit tests", || unit_tests(&workspace))?;
+        report.step("deploy manifests and alert rules", || deploy_checks(&workspace))?;
     }
     if e2e {
         let mut binaries = None;
@@ -111,6 +112,24 @@ fn clippy_ebpf(workspace: &Workspace) -> anyhow::Result<Outcome> {
 fn unit_tests(workspace: &Workspace) -> anyhow::Result<Outcome> {
     // Privileged tests are #[ignore]d, so this needs no root.
     command::run(cargo_in(workspace).args(["test", "--workspace", "--exclude", EBPF_PACKAGE]))?;
+    Ok(Outcome::Passed)
+}
+
+/// Renders and validates deploy/ (kubectl kustomize, kubernetes-validate, the agent's own CLI
+/// parser on the DaemonSet's args), then `promtool check rules` and `promtool test rules`.
+fn deploy_checks(workspace: &Workspace) -> anyhow::Result<Outcome> {
+    let agent = build::build_agent(workspace, false)?;
+    let deploy = workspace.root.join("deploy");
+    let python = setup::tools_venv().join("bin/python");
+    let mut validate = command::command(python.to_str().context("tools path")?);
+    validate.arg(deploy.join("validate.py")).arg(&agent);
+    for kustomization in ["base", "openshift"] {
+        validate.arg(deploy.join(kustomization));
+    }
+    command::run(&mut validate)?;
+    let rules = deploy.join("prometheus");
+    command::run(command::command("promtool").arg("check").arg("rules").arg(rules.join("rules.yaml")))?;
+    command::run(command::command("promtool").args(["test", "rules"]).arg(rules.join("rules_test.yaml")))?;
     Ok(Outcome::Passed)
 }
 

@@ -63,7 +63,7 @@ pub struct DatapathOptions {
     pub drop_tracer: DropTracerChoice,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum TcAttachChoice {
     /// tcx where the kernel has it (>= 6.6), else clsact.
@@ -73,7 +73,7 @@ pub enum TcAttachChoice {
     Clsact,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum DropTracerChoice {
     /// tp_btf, else the classic tracepoint.
