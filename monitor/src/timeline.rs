@@ -1,8 +1,8 @@
 //! Every lifecycle signal on one clock: CNI config changes, SDN process starts and exits,
 //! interface events. Each event carries the monotonic time (CLOCK_MONOTONIC, the clock of
 //! `bpf_ktime_get_ns`) for ordering and the wall time for output. The timeline keeps the
-//! most recent events in a bounded ring, logs each one, and fans them out to subscribers
-//! (the incident engine).
+//! most recent events in a bounded ring and logs each one; the incident engine reads the
+//! window it needs with [`Timeline::between`].
 
 use std::{
     collections::VecDeque,
@@ -11,7 +11,6 @@ use std::{
 };
 
 use serde::{Serialize, Serializer};
-use tokio::sync::broadcast;
 use tracing::info;
 
 /// The kinds of lifecycle event, as named in the JSON API and logs.
@@ -170,7 +169,6 @@ pub struct Timeline {
     evicted: Mutex<u64>,
     /// Events recorded since start, by kind.
     counts: Mutex<[u64; EventKind::ALL.len()]>,
-    subscribers: broadcast::Sender<Event>,
 }
 
 impl Timeline {
@@ -178,18 +176,16 @@ impl Timeline {
 
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
-        let (subscribers, _) = broadcast::channel(1024);
         Self {
             ring: Mutex::new(VecDeque::with_capacity(capacity.min(1024))),
             capacity,
             evicted: Mutex::new(0),
             counts: Mutex::new([0; EventKind::ALL.len()]),
-            subscribers,
         }
     }
 
-    /// Records an event: one log line, a place in the ring (kept in monotonic order even
-    /// when a source reports late), and a copy to every subscriber.
+    /// Records an event: one log line and a place in the ring (kept in monotonic order even
+    /// when a source reports late).
     pub fn record(&self, event: Event) {
         info!(
             target: "datapath_monitor::event",
@@ -211,8 +207,6 @@ impl Timeline {
                 *self.evicted.lock().unwrap_or_else(PoisonError::into_inner) += 1;
             }
         }
-        // No subscriber is not an error.
-        let _ = self.subscribers.send(event);
     }
 
     /// Shorthand for `record(Event::new(Stamp::now(), ...))`.
@@ -241,10 +235,6 @@ impl Timeline {
 
     pub fn evicted(&self) -> u64 {
         *self.evicted.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.subscribers.subscribe()
     }
 }
 
