@@ -18,7 +18,7 @@ import kubernetes_validate
 import yaml
 
 KUBERNETES_VERSION = "1.31.0"
-AGENT_CONTAINER = "datapath-monitor"
+AGENT_CONTAINER = "agent"
 # Custom resources: no bundled schema; the fields each one cannot do without.
 CUSTOM = {
     "ServiceMonitor": ["spec.selector", "spec.endpoints"],
