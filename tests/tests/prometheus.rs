@@ -89,9 +89,12 @@ fn the_rule_file_and_the_prometheus_rule_carry_the_same_rules() -> Result<()> {
 
 #[test]
 fn every_alert_has_a_runbook_section_and_the_dashboard_is_valid() -> Result<()> {
-    let runbooks = fs::read_to_string(deploy("runbooks.md"))?;
+    let runbooks = fs::read_to_string(deploy("README.md"))?;
     for name in ALERTS {
-        ensure!(runbooks.lines().any(|l| l.trim() == format!("## {name}")), "deploy/runbooks.md: no `## {name}`");
+        ensure!(
+            runbooks.lines().any(|l| l.trim() == format!("### {name}")),
+            "deploy/README.md: no `### {name}` runbook"
+        );
     }
     let text = fs::read_to_string(deploy("grafana/datapath-monitor.json"))?;
     let dashboard: Value = serde_json::from_str(&text).context("the dashboard is not JSON")?;
