@@ -612,7 +612,8 @@ const CLOSENESS_SECONDS: f64 = 10.0;
 /// Ranks lifecycle events as causes of an incident that started at `start`.
 ///
 /// Candidates are the events from `lookback` before the start until the end (the caller
-/// passes those), except states found at agent start-up (those are not changes). Interface events count only for the incident's own interfaces and for
+/// passes those), except states found at agent start-up (those are not changes) and a
+/// daemon's parent exiting after its fork (the daemon carries on). Interface events count only for the incident's own interfaces and for
 /// non-pod interfaces (bridges, tunnels), not for other pods' veths. For each subject only
 /// its strongest event is kept, and a process restart stands for the exit and start it
 /// pairs (one cause, timed at the exit: when the process went down).
@@ -627,7 +628,7 @@ pub fn attribute(
     pod_veths: &HashSet<String>,
 ) -> Vec<Cause> {
     let mut best: BTreeMap<(u8, String), Cause> = BTreeMap::new();
-    for event in events.iter().filter(|e| !e.at_startup) {
+    for event in events.iter().filter(|e| !e.never_a_cause) {
         // A restart is timed at the exit it follows: that is when the process went down.
         let stamp = match event.kind {
             EventKind::ProcessRestart => events

@@ -170,23 +170,35 @@ async fn follow(
             }
         };
         let mut exited: Vec<String> = Vec::new();
+        let mut events = Vec::new();
         for raw in batch {
             let Some(observation) = Observation::from_kernel(&raw, Stamp::from_monotonic(raw.ktime_ns)) else {
                 debug!(?raw, "unreadable process event");
                 continue;
             };
             debug!(?observation, ppid = raw.ppid, "process event");
-            let events = lock(&tracker).observe(observation);
-            for event in events {
+            for event in lock(&tracker).observe(observation) {
                 if event.kind == EventKind::ProcessExit && !exited.contains(&event.subject) {
                     exited.push(event.subject.clone());
                 }
-                timeline.record(event);
+                events.push(event);
             }
         }
-        if !exited.is_empty() {
-            // Who carries on: a daemon's child that the exit left behind, or nobody.
-            rescan(&tracker, &proc_root, &exited, true);
+        // Who carries on: a daemon's child that the exit left behind, or nobody. Its
+        // parent's exit is recorded as a hand-off, never as a cause of an incident.
+        let handoffs = if exited.is_empty() { Vec::new() } else { rescan(&tracker, &proc_root, &exited, true) };
+        for event in events {
+            let handoff = (event.kind == EventKind::ProcessExit)
+                .then(|| {
+                    handoffs
+                        .iter()
+                        .find(|h| h.name == event.subject && event.detail.starts_with(&format!("pid {} ", h.parent)))
+                })
+                .flatten();
+            timeline.record(match handoff {
+                Some(handoff) => event.daemon_handoff(handoff.child),
+                None => event,
+            });
         }
     }
 }
@@ -208,16 +220,28 @@ async fn read_batch(ring: &mut Option<AsyncFd<RingBuf<MapData>>>) -> io::Result<
     Ok(batch)
 }
 
-fn rescan(tracker: &Mutex<Tracker>, proc_root: &Path, names: &[String], take_over: bool) {
+/// A process found by a rescan that took over an exit: a daemon's child after its parent left.
+#[derive(Debug, PartialEq, Eq)]
+struct Handoff {
+    name: String,
+    parent: u32,
+    child: u32,
+}
+
+fn rescan(tracker: &Mutex<Tracker>, proc_root: &Path, names: &[String], take_over: bool) -> Vec<Handoff> {
     match scan_proc(proc_root, names) {
         Ok(found) => {
             let seen_ns = monotonic_ns();
             let mut tracker = lock(tracker);
-            for name in names {
-                tracker.resync(name, found.get(name).unwrap_or(&BTreeSet::new()), seen_ns, take_over);
-            }
+            names
+                .iter()
+                .flat_map(|name| tracker.resync(name, found.get(name).unwrap_or(&BTreeSet::new()), seen_ns, take_over))
+                .collect()
         }
-        Err(error) => warn!(%error, "scanning {} for SDN processes", proc_root.display()),
+        Err(error) => {
+            warn!(%error, "scanning {} for SDN processes", proc_root.display());
+            Vec::new()
+        }
     }
 }
 
@@ -349,8 +373,8 @@ impl Observation {
 /// How a running pid became known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Origin {
-    /// Its exec was reported.
-    Exec,
+    /// Its exec was reported, at `at_ns`.
+    Exec { at_ns: u64 },
     /// A /proc scan found it (at start-up, or a daemon's child left by an exit). After an
     /// exit it stands in for the process that exited: `took_over` is that exit, no longer
     /// waiting for a start.
@@ -363,7 +387,12 @@ struct PendingExit {
     pid: u32,
     mono_ns: u64,
     status: ExitStatus,
+    /// Exited with code 0 soon after its exec: the parent of a daemon that forked (`--detach`).
+    daemonizing: bool,
 }
+
+/// A clean exit this soon after the exec looks like a daemon's parent leaving its child.
+const DAEMONIZE_NS: u64 = 5_000_000_000;
 
 #[derive(Debug)]
 struct NameState {
@@ -456,13 +485,13 @@ impl Tracker {
         // An exec means a live process: an earlier exit of this pid was another process.
         state.exited.remove(&pid);
         match state.running.get(&pid).copied() {
-            Some(Origin::Exec) => {
+            Some(Origin::Exec { .. }) => {
                 debug!(name = state.name, pid, "process re-executed itself: not a new start");
                 return Vec::new();
             }
             Some(Origin::Scan { seen_ns, .. }) if stamp.mono_ns > seen_ns.saturating_add(SCAN_RACE_SLACK_NS) => {
                 debug!(name = state.name, pid, "process found by a scan re-executed itself: not a new start");
-                state.running.insert(pid, Origin::Exec);
+                state.running.insert(pid, Origin::Exec { at_ns: stamp.mono_ns });
                 return Vec::new();
             }
             // The scan saw the process this exec made before its report arrived: this is
@@ -470,7 +499,7 @@ impl Tracker {
             Some(Origin::Scan { took_over: Some(exit), .. }) => state.add_pending(exit),
             Some(Origin::Scan { took_over: None, .. }) | None => {}
         }
-        state.running.insert(pid, Origin::Exec);
+        state.running.insert(pid, Origin::Exec { at_ns: stamp.mono_ns });
         state.starts += 1;
         state.last_start = Some(stamp);
         let mut events = vec![Event::new(stamp, EventKind::ProcessStart, &state.name, format!("pid {pid}"))];
@@ -492,7 +521,10 @@ impl Tracker {
         let window_ns = self.window_ns;
         let state = &mut self.names[index];
         state.forget_expired(stamp.mono_ns, window_ns);
-        if state.running.remove(&pid).is_none() && state.exited.contains_key(&pid) {
+        let origin = state.running.remove(&pid);
+        let daemonizing = status == ExitStatus::Exited(0)
+            && matches!(origin, Some(Origin::Exec { at_ns }) if stamp.mono_ns.saturating_sub(at_ns) < DAEMONIZE_NS);
+        if origin.is_none() && state.exited.contains_key(&pid) {
             debug!(name = state.name, pid, "repeated exit report ignored");
             return Vec::new();
         }
@@ -504,7 +536,7 @@ impl Tracker {
         state.exits += 1;
         state.last_exit = Some(stamp);
         state.last_exit_detail = Some(detail.clone());
-        state.add_pending(PendingExit { pid, mono_ns: stamp.mono_ns, status });
+        state.add_pending(PendingExit { pid, mono_ns: stamp.mono_ns, status, daemonizing });
         vec![Event::new(stamp, EventKind::ProcessExit, &state.name, detail)]
     }
 
@@ -512,9 +544,10 @@ impl Tracker {
     /// `take_over` (the scan after an exit), each process found that was not known takes
     /// over the latest exit still waiting for a start: a daemon's child carrying on after
     /// its parent exited is not a restart waiting to happen.
-    fn resync(&mut self, name: &str, found: &BTreeSet<u32>, seen_ns: u64, take_over: bool) {
+    fn resync(&mut self, name: &str, found: &BTreeSet<u32>, seen_ns: u64, take_over: bool) -> Vec<Handoff> {
         let window_ns = self.window_ns;
-        let Some(index) = self.index(name) else { return };
+        let mut handoffs = Vec::new();
+        let Some(index) = self.index(name) else { return handoffs };
         let state = &mut self.names[index];
         state.forget_expired(seen_ns, window_ns);
         // Gone or renamed without a report we saw.
@@ -534,8 +567,12 @@ impl Tracker {
                 None
             };
             debug!(name, pid, ?took_over, "process found in /proc");
+            if let Some(exit) = took_over.as_ref().filter(|exit| exit.daemonizing) {
+                handoffs.push(Handoff { name: name.to_string(), parent: exit.pid, child: *pid });
+            }
             state.running.insert(*pid, Origin::Scan { seen_ns, took_over });
         }
+        handoffs
     }
 
     fn snapshot(&self) -> ProcessSnapshot {
@@ -797,7 +834,8 @@ mod tests {
         let mut tracker = tracker(&["ovs-vswitchd"]);
         // Exec, fork (no report), the parent exits 0; the rescan finds the child.
         run(&mut tracker, vec![exec("ovs-vswitchd", 100, SEC), exit("ovs-vswitchd", 100, 2 * SEC, 0)]);
-        tracker.resync("ovs-vswitchd", &BTreeSet::from([101]), 2 * SEC + 1000, true);
+        let handoffs = tracker.resync("ovs-vswitchd", &BTreeSet::from([101]), 2 * SEC + 1000, true);
+        assert_eq!(handoffs, [Handoff { name: "ovs-vswitchd".into(), parent: 100, child: 101 }]);
         let ovs = tracker.snapshot().processes.remove(0);
         assert_eq!((ovs.running, ovs.starts, ovs.exits, ovs.restarts), (vec![101], 1, 1, 0));
         // A restart 10 s later pairs with the child's exit, not the parent's.
@@ -808,11 +846,21 @@ mod tests {
     }
 
     #[test]
+    fn a_clean_exit_after_a_long_run_is_no_daemon_hand_off() {
+        let mut tracker = tracker(&["ovs-vswitchd"]);
+        run(&mut tracker, vec![exec("ovs-vswitchd", 100, SEC), exit("ovs-vswitchd", 100, 60 * SEC, 0)]);
+        let handoffs = tracker.resync("ovs-vswitchd", &BTreeSet::from([200]), 60 * SEC + 1000, true);
+        assert!(handoffs.is_empty());
+    }
+
+    #[test]
     fn a_scan_that_overtakes_an_exec_report_does_not_eat_the_start() {
         let mut tracker = tracker(&["ovs-vswitchd"]);
         run(&mut tracker, vec![exec("ovs-vswitchd", 100, SEC), exit("ovs-vswitchd", 100, 2 * SEC, SIGKILL)]);
-        // The supervisor starts pid 200 at 2.001 s; the rescan at 2.002 s sees it first.
-        tracker.resync("ovs-vswitchd", &BTreeSet::from([200]), 2 * SEC + 2_000_000, true);
+        // The supervisor starts pid 200 at 2.001 s; the rescan at 2.002 s sees it first. A
+        // killed process is no daemon's parent: no hand-off.
+        let handoffs = tracker.resync("ovs-vswitchd", &BTreeSet::from([200]), 2 * SEC + 2_000_000, true);
+        assert!(handoffs.is_empty());
         let events = run(&mut tracker, vec![exec("ovs-vswitchd", 200, 2 * SEC + 1_000_000)]);
         assert_eq!(
             events,

@@ -143,20 +143,28 @@ pub struct Event {
     /// A file path, a process name or an interface name.
     pub subject: String,
     pub detail: String,
-    /// A state found at start-up (e.g. no default network), not a change seen happening:
-    /// reported, but never a cause of an incident.
+    /// Reported, but never a cause of an incident: a state found at start-up (e.g. no
+    /// default network) rather than a change, or a daemon's parent exiting after it forked
+    /// the process that carries on.
     #[serde(skip)]
-    pub at_startup: bool,
+    pub never_a_cause: bool,
 }
 
 impl Event {
     pub fn new(stamp: Stamp, kind: EventKind, subject: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { stamp, kind, subject: subject.into(), detail: detail.into(), at_startup: false }
+        Self { stamp, kind, subject: subject.into(), detail: detail.into(), never_a_cause: false }
     }
 
     /// Marks the event as a state found at start-up rather than a change.
     pub fn found_at_startup(mut self) -> Self {
-        self.at_startup = true;
+        self.never_a_cause = true;
+        self
+    }
+
+    /// Marks an exit as a daemon's hand-off to the child it forked, which carries on.
+    pub fn daemon_handoff(mut self, child: u32) -> Self {
+        self.detail.push_str(&format!("; its child pid {child} carries on (daemonized)"));
+        self.never_a_cause = true;
         self
     }
 }
@@ -293,6 +301,14 @@ mod tests {
         for kind in EventKind::ALL {
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
         }
+    }
+
+    #[test]
+    fn a_daemon_hand_off_says_so_and_is_never_a_cause() {
+        let exit = Event::new(Stamp::now(), EventKind::ProcessExit, "ovs-vswitchd", "pid 10 exited with code 0");
+        let handoff = exit.clone().daemon_handoff(11);
+        assert!(!exit.never_a_cause && handoff.never_a_cause);
+        assert_eq!(handoff.detail, "pid 10 exited with code 0; its child pid 11 carries on (daemonized)");
     }
 
     #[test]
