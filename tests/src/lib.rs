@@ -251,7 +251,12 @@ impl Drop for Agent<'_> {
 }
 
 fn http_get(path: &str) -> Result<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", AGENT_PORT))?;
+    http_get_port(AGENT_PORT, path)
+}
+
+/// HTTP/1.0 GET on 127.0.0.1:`port` of the calling thread's network namespace.
+pub fn http_get_port(port: u16, path: &str) -> Result<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
     let mut response = String::new();
@@ -404,5 +409,75 @@ impl Netns {
             setns(file.as_fd(), CloneFlags::CLONE_NEWNET).context("setns")?;
             Ok(f())
         }))
+    }
+}
+
+/// A steady UDP stream from a pod to a listener on the host side of its veth: `rate`
+/// datagrams of 64 bytes a second, until stopped (or dropped).
+pub struct UdpStream {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    received: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    threads: Vec<thread::JoinHandle<Result<Result<()>>>>,
+}
+
+impl UdpStream {
+    pub fn start(host: &Netns, pod: &Pod, port: u16, rate: u64) -> Result<Self> {
+        use std::{
+            net::UdpSocket,
+            sync::{
+                Arc,
+                atomic::{AtomicBool, AtomicU64},
+            },
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let received = Arc::new(AtomicU64::new(0));
+        let listener = {
+            let (stop, received, ip) = (Arc::clone(&stop), Arc::clone(&received), pod.host_ip.clone());
+            host.spawn(move || -> Result<()> {
+                let socket = UdpSocket::bind((ip.as_str(), port))?;
+                socket.set_read_timeout(Some(Duration::from_millis(100)))?;
+                let mut buffer = [0u8; 256];
+                while !stop.load(Ordering::Relaxed) {
+                    if socket.recv(&mut buffer).is_ok() {
+                        received.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Ok(())
+            })?
+        };
+        thread::sleep(Duration::from_millis(200));
+        let sender = {
+            let (stop, target) = (Arc::clone(&stop), format!("{}:{port}", pod.host_ip));
+            pod.ns.spawn(move || -> Result<()> {
+                let socket = UdpSocket::bind("0.0.0.0:0")?;
+                let started = Instant::now();
+                let mut sent = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
+                    while sent < due {
+                        socket.send_to(&[0x5a; 64], &target)?;
+                        sent += 1;
+                    }
+                    thread::sleep(Duration::from_millis(5));
+                }
+                Ok(())
+            })?
+        };
+        Ok(Self { stop, received, threads: vec![listener, sender] })
+    }
+
+    /// Stops both ends; the number of datagrams the listener received.
+    pub fn stop(mut self) -> Result<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            thread.join().map_err(|_| anyhow::anyhow!("a UDP stream thread panicked"))???;
+        }
+        Ok(self.received.load(Ordering::Relaxed))
+    }
+}
+
+impl Drop for UdpStream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }

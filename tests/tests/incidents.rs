@@ -4,19 +4,14 @@
 
 use std::{
     fs,
-    net::UdpSocket,
     os::unix::fs::PermissionsExt as _,
     process::{Child, Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
     thread,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, ensure};
-use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, agent_binary, require_root, unique};
+use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, UdpStream, agent_binary, require_root, unique};
 use serde_json::Value;
 
 const PORT: u16 = 7000;
@@ -51,40 +46,7 @@ fn a_drop_rule_after_a_restart_is_one_incident_attributed_to_the_restart() -> Re
     let agent = Agent::start(&host, &args)?;
 
     // A healthy steady stream: a listener on the host, RATE datagrams a second from the pod.
-    let stop = Arc::new(AtomicBool::new(false));
-    let received = Arc::new(AtomicU64::new(0));
-    let listener = {
-        let (stop, received, ip) = (Arc::clone(&stop), Arc::clone(&received), pod.host_ip.clone());
-        host.spawn(move || -> Result<()> {
-            let socket = UdpSocket::bind((ip.as_str(), PORT))?;
-            socket.set_read_timeout(Some(Duration::from_millis(100)))?;
-            let mut buffer = [0u8; 256];
-            while !stop.load(Ordering::Relaxed) {
-                if socket.recv(&mut buffer).is_ok() {
-                    received.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Ok(())
-        })?
-    };
-    thread::sleep(Duration::from_millis(200));
-    let sender = {
-        let (stop, target) = (Arc::clone(&stop), format!("{}:{PORT}", pod.host_ip));
-        pod.ns.spawn(move || -> Result<()> {
-            let socket = UdpSocket::bind("0.0.0.0:0")?;
-            let started = Instant::now();
-            let mut sent = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let due = (started.elapsed().as_secs_f64() * RATE as f64) as u64;
-                while sent < due {
-                    socket.send_to(&[0x5a; 64], &target)?;
-                    sent += 1;
-                }
-                thread::sleep(Duration::from_millis(5));
-            }
-            Ok(())
-        })?
-    };
+    let stream = UdpStream::start(&host, &pod, PORT, RATE)?;
 
     // Baseline warm-up (5 calm seconds), with the watched process running.
     let mut process = Command::new(&binary).arg("600").stdin(Stdio::null()).spawn()?;
@@ -163,10 +125,7 @@ fn a_drop_rule_after_a_restart_is_one_incident_attributed_to_the_restart() -> Re
     let after = incidents(&agent)?;
     ensure!(after.first().is_some_and(|i| i["id"] == id), "history lost across restart: {after:#?}");
 
-    stop.store(true, Ordering::Relaxed);
-    sender.join().map_err(|_| anyhow::anyhow!("sender panicked"))???;
-    listener.join().map_err(|_| anyhow::anyhow!("listener panicked"))???;
-    ensure!(received.load(Ordering::Relaxed) > 0);
+    ensure!(stream.stop()? > 0, "the listener received nothing");
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(process.id() as i32), nix::sys::signal::Signal::SIGKILL);
     let _ = process.wait();
     Ok(())

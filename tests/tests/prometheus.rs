@@ -6,20 +6,14 @@
 use std::{
     collections::BTreeSet,
     fs,
-    io::{Read as _, Write as _},
-    net::{TcpStream, UdpSocket},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
     thread,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
-use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, require_root, unique};
+use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, UdpStream, http_get_port, require_root, unique};
 use serde_json::Value;
 
 /// The five alerts, as named in the manifests, the runbooks and the dashboard.
@@ -167,18 +161,6 @@ fn promtool_accepts_both_rule_files_and_passes_the_rule_unit_tests() -> Result<(
     Ok(())
 }
 
-/// HTTP/1.0 GET on 127.0.0.1:`port` of the calling thread's network namespace.
-fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response.split_once("\r\n\r\n").context("malformed HTTP response")?;
-    let status = head.split_whitespace().nth(1).context("no status")?.parse()?;
-    Ok((status, body.to_string()))
-}
-
 /// Percent-encodes a query string value.
 fn encode(value: &str) -> String {
     value
@@ -246,7 +228,7 @@ impl<'a> Prometheus<'a> {
 
     fn get(&self, path: &str) -> Result<(u16, String)> {
         let path = path.to_string();
-        self.ns.run(move || http_get(PROMETHEUS_PORT, &path))?
+        self.ns.run(move || http_get_port(PROMETHEUS_PORT, &path))?
     }
 
     /// The `data` of a successful API answer.
@@ -316,14 +298,6 @@ impl Drop for Iptables<'_> {
 }
 
 /// Stops the traffic threads on drop, whatever path the test leaves by.
-struct StopOnDrop(Arc<AtomicBool>);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
 #[test]
 #[ignore = "needs root and /usr/bin/prometheus: run through cargo xtask test"]
 fn a_real_prometheus_fires_disruption_in_progress_during_a_drop_and_resolves_it_after() -> Result<()> {
@@ -342,38 +316,7 @@ fn a_real_prometheus_fires_disruption_in_progress_during_a_drop_and_resolves_it_
     let prometheus = Prometheus::start(&host)?;
 
     // A healthy steady stream: a listener on the host, RATE datagrams a second from the pod.
-    let stop = Arc::new(AtomicBool::new(false));
-    let _stop_traffic = StopOnDrop(Arc::clone(&stop));
-    let listener = {
-        let (stop, ip) = (Arc::clone(&stop), pod.host_ip.clone());
-        host.spawn(move || -> Result<()> {
-            let socket = UdpSocket::bind((ip.as_str(), UDP_PORT))?;
-            socket.set_read_timeout(Some(Duration::from_millis(100)))?;
-            let mut buffer = [0u8; 256];
-            while !stop.load(Ordering::Relaxed) {
-                let _ = socket.recv(&mut buffer);
-            }
-            Ok(())
-        })?
-    };
-    thread::sleep(Duration::from_millis(200));
-    let sender = {
-        let (stop, target) = (Arc::clone(&stop), format!("{}:{UDP_PORT}", pod.host_ip));
-        pod.ns.spawn(move || -> Result<()> {
-            let socket = UdpSocket::bind("0.0.0.0:0")?;
-            let started = Instant::now();
-            let mut sent = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let due = (started.elapsed().as_secs_f64() * RATE as f64) as u64;
-                while sent < due {
-                    socket.send_to(&[0x5a; 64], &target)?;
-                    sent += 1;
-                }
-                thread::sleep(Duration::from_millis(5));
-            }
-            Ok(())
-        })?
-    };
+    let stream = UdpStream::start(&host, &pod, UDP_PORT, RATE)?;
 
     // Baseline warm-up; Prometheus scrapes the agent meanwhile.
     thread::sleep(Duration::from_secs(8));
@@ -453,9 +396,7 @@ fn a_real_prometheus_fires_disruption_in_progress_during_a_drop_and_resolves_it_
     }
     ensure!(prometheus.alerts("DatapathCNIDefaultNetworkMissing")?.is_empty(), "CNI alert with a valid config");
 
-    stop.store(true, Ordering::Relaxed);
-    sender.join().map_err(|_| anyhow::anyhow!("sender panicked"))???;
-    listener.join().map_err(|_| anyhow::anyhow!("listener panicked"))???;
+    stream.stop()?;
     drop(prometheus);
     drop(agent);
     Ok(())
