@@ -7,6 +7,8 @@ use std::{fmt::Write as _, time::Duration};
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
+use crate::incidents_view::{column_widths, format_row, text};
+
 /// A blocking HTTP client for the agent's API.
 pub struct Client {
     server: String,
@@ -57,39 +59,12 @@ pub fn status(server: &str) -> anyhow::Result<String> {
     Ok(render_status(server, &ready, &interfaces, &lifecycle, &events))
 }
 
-fn text(value: &Value) -> String {
-    match value {
-        Value::Null => "-".into(),
-        Value::String(s) if s.is_empty() => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// Left-aligned columns, two spaces apart.
+/// Left-aligned columns, two spaces apart, under a header.
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    let widths = column_widths(Some(header), rows);
+    let mut out = format_row(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>(), &widths);
     for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let mut line = |cells: Vec<String>| {
-        let mut text = String::new();
-        for (i, (cell, width)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                text.push_str(cell);
-            } else {
-                let _ = write!(text, "{cell:<width$}  ");
-            }
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    };
-    line(header.iter().map(|h| h.to_string()).collect());
-    for row in rows {
-        line(row.clone());
+        out.push_str(&format_row(row, &widths));
     }
     out
 }

@@ -163,7 +163,8 @@ fn interface_row(interface: &Value) -> Vec<String> {
 }
 
 /// A string field (`-` when missing or empty), a number or a bool as JSON prints it.
-fn text(value: &Value) -> String {
+/// Shared with `status` (crate::client), as are the column helpers below.
+pub(crate) fn text(value: &Value) -> String {
     match value {
         Value::Null => "-".into(),
         Value::String(s) if s.is_empty() => "-".into(),
@@ -224,7 +225,7 @@ fn clip(s: &str, max_chars: usize) -> String {
 }
 
 /// The width of each column but the last (which is not padded).
-fn column_widths(header: Option<&[&str]>, rows: &[Vec<String>]) -> Vec<usize> {
+pub(crate) fn column_widths(header: Option<&[&str]>, rows: &[Vec<String>]) -> Vec<usize> {
     let mut widths: Vec<usize> = header.map(|h| h.iter().map(|c| c.chars().count()).collect()).unwrap_or_default();
     for row in rows {
         if widths.len() < row.len() {
@@ -238,7 +239,7 @@ fn column_widths(header: Option<&[&str]>, rows: &[Vec<String>]) -> Vec<usize> {
 }
 
 /// One line of left-aligned columns, two spaces apart, without trailing blanks.
-fn format_row(cells: &[String], widths: &[usize]) -> String {
+pub(crate) fn format_row(cells: &[String], widths: &[usize]) -> String {
     let mut line = String::new();
     for (i, cell) in cells.iter().enumerate() {
         if i + 1 == cells.len() {
