@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::{
     cni::{CniSnapshot, CniWatcher},
     metrics::{Labels, counter, gauge},
-    pods::SharedPods,
+    pods::{PodIndex, SharedPods},
     processes::{ProcessState, ProcessWatcher},
     timeline::Timeline,
 };
@@ -59,7 +59,7 @@ impl Lifecycle {
                 error: self.process_tracer_error.clone(),
             },
             pod_cache: PodCacheView { dir: self.cni_cache_dir.clone(), entries, skipped },
-            events_recorded: self.timeline.events(None).len(),
+            events_recorded: self.timeline.len(),
             events_evicted: self.timeline.evicted(),
         }
     }
@@ -127,7 +127,7 @@ impl Collector for LifecycleCollector {
                 (labels, count)
             })
         })?;
-        let (_, skipped) = self.0.pods.read(|index| (index.len(), index.skipped()));
+        let skipped = self.0.pods.read(PodIndex::skipped);
         counter(
             &mut encoder,
             "datapath_cni_cache_files_skipped",

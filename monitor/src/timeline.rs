@@ -235,6 +235,15 @@ impl Timeline {
         ring.iter().skip(first).take_while(|e| e.stamp.mono_ns <= to_mono_ns).cloned().collect()
     }
 
+    /// Events held in the ring now.
+    pub fn len(&self) -> usize {
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Events recorded since start (evicted ones included), for every kind.
     pub fn counts_by_kind(&self) -> Vec<(EventKind, u64)> {
         let counts = *self.counts.lock().unwrap_or_else(PoisonError::into_inner);
@@ -271,6 +280,7 @@ mod tests {
         let between: Vec<String> = timeline.between(20, 30).into_iter().map(|e| e.subject).collect();
         assert_eq!(between, ["b", "c"]);
         assert_eq!(timeline.evicted(), 1);
+        assert_eq!(timeline.len(), 3);
         let counts = timeline.counts_by_kind();
         assert_eq!(counts.len(), EventKind::ALL.len());
         assert!(counts.contains(&(EventKind::ProcessStart, 4)));
