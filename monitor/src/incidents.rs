@@ -257,8 +257,12 @@ pub enum IncidentUpdate {
 pub struct IncidentEngine {
     config: EngineConfig,
     timeline: Arc<Timeline>,
-    ifaces: HashMap<(u32, String), Iface>,
-    pod_veths: HashSet<String>,
+    /// By ifindex; an ifindex that comes back under another name is another interface.
+    ifaces: HashMap<u32, Iface>,
+    /// Pod veths seen, with when each vanished (None while present): interface events of
+    /// other pods' veths are no cause. Names gone for longer than the lookback are forgotten
+    /// while no incident is open, so pod churn does not grow this.
+    pod_veths: HashMap<String, Option<u64>>,
     open: Option<OpenIncident>,
     closed: VecDeque<Incident>,
     seq: u64,
@@ -280,7 +284,7 @@ impl IncidentEngine {
             config,
             timeline,
             ifaces: HashMap::new(),
-            pod_veths: HashSet::new(),
+            pod_veths: HashMap::new(),
             open: None,
             closed,
             seq: 0,
@@ -293,17 +297,31 @@ impl IncidentEngine {
     pub fn observe(&mut self, now: Stamp, series: &[InterfaceSeries]) -> Vec<IncidentUpdate> {
         let now_ns = now.mono_ns;
         let mut updates = Vec::new();
-        let mut present = HashSet::with_capacity(series.len());
+        let mut present: HashSet<u32> = HashSet::with_capacity(series.len());
+        let mut present_pod_veths: HashSet<&str> = HashSet::new();
         let (quiet_ns, silence_ns) = (self.config.quiet.as_nanos() as u64, self.config.silence.as_nanos() as u64);
         let mut started: Vec<(String, u64)> = Vec::new();
         for s in series.iter().filter(|s| !s.removed) {
-            let key = (s.ifindex, s.interface.clone());
-            present.insert(key.clone());
+            present.insert(s.ifindex);
             if s.is_pod_veth {
-                self.pod_veths.insert(s.interface.clone());
+                present_pod_veths.insert(&s.interface);
+                match self.pod_veths.get_mut(&s.interface) {
+                    Some(gone) => *gone = None,
+                    None => {
+                        self.pod_veths.insert(s.interface.clone(), None);
+                    }
+                }
             }
-            let Some(iface) = self.ifaces.get_mut(&key) else {
-                self.ifaces.insert(key, Iface::new(s, now_ns));
+            if self.ifaces.get(&s.ifindex).is_some_and(|iface| iface.name != s.interface) {
+                // Renamed, or the ifindex was reused: the old one is gone.
+                if let Some(mut old) = self.ifaces.remove(&s.ifindex)
+                    && let Some(disruption) = old.disruption.take()
+                {
+                    Self::fold(&mut self.open, &old, disruption);
+                }
+            }
+            let Some(iface) = self.ifaces.get_mut(&s.ifindex) else {
+                self.ifaces.insert(s.ifindex, Iface::new(s, now_ns));
                 continue;
             };
             if now_ns <= iface.last_ns {
@@ -393,13 +411,23 @@ impl IncidentEngine {
         }
 
         // Interfaces that vanished end their disruption where it was.
-        let gone: Vec<(u32, String)> = self.ifaces.keys().filter(|k| !present.contains(*k)).cloned().collect();
+        let gone: Vec<u32> = self.ifaces.keys().filter(|k| !present.contains(*k)).copied().collect();
         for key in gone {
             if let Some(mut iface) = self.ifaces.remove(&key)
                 && let Some(disruption) = iface.disruption.take()
             {
                 Self::fold(&mut self.open, &iface, disruption);
             }
+        }
+
+        for (name, gone) in self.pod_veths.iter_mut() {
+            if gone.is_none() && !present_pod_veths.contains(name.as_str()) {
+                *gone = Some(now_ns);
+            }
+        }
+        if self.open.is_none() {
+            let lookback_ns = self.config.lookback.as_nanos() as u64;
+            self.pod_veths.retain(|_, gone| gone.is_none_or(|at| now_ns.saturating_sub(at) <= lookback_ns));
         }
 
         // New disruptions join the open incident or open one.
@@ -531,8 +559,7 @@ impl IncidentEngine {
 
     /// Closes the open incident as of now (agent shutdown), so it is not lost.
     pub fn close_now(&mut self) -> Option<Incident> {
-        let disrupted: Vec<(u32, String)> =
-            self.ifaces.iter().filter(|(_, i)| i.disruption.is_some()).map(|(k, _)| k.clone()).collect();
+        let disrupted: Vec<u32> = self.ifaces.iter().filter(|(_, i)| i.disruption.is_some()).map(|(k, _)| *k).collect();
         for key in disrupted {
             if let Some(iface) = self.ifaces.get_mut(&key)
                 && let Some(disruption) = iface.disruption.take()
@@ -625,7 +652,7 @@ pub fn attribute(
     events: &[Event],
     start: Stamp,
     incident_interfaces: &BTreeSet<String>,
-    pod_veths: &HashSet<String>,
+    pod_veths: &HashMap<String, Option<u64>>,
 ) -> Vec<Cause> {
     let mut best: BTreeMap<(u8, String), Cause> = BTreeMap::new();
     for event in events.iter().filter(|e| !e.never_a_cause) {
@@ -649,7 +676,7 @@ pub fn attribute(
             | EventKind::InterfaceRemoved
             | EventKind::InterfaceUp
             | EventKind::InterfaceDown => {
-                if pod_veths.contains(&event.subject) && !incident_interfaces.contains(&event.subject) {
+                if pod_veths.contains_key(&event.subject) && !incident_interfaces.contains(&event.subject) {
                     continue;
                 }
                 1
@@ -987,6 +1014,20 @@ mod tests {
         sim.timeline.record(Event { stamp: Stamp { mono_ns: at(9.0), ..missing.stamp }, ..missing }.found_at_startup());
         sim.run(&["veth0001"], &[steady("veth0001", 40.0), burst("veth0001", 10.0, 12.0, 100)], 0.0, 20.0);
         assert!(sim.engine.incidents()[0].causes.is_empty());
+    }
+
+    #[test]
+    fn pod_veth_churn_is_forgotten_after_the_lookback() {
+        let mut sim = Sim::new();
+        let names: Vec<&'static str> = (0..40).map(|i| &*Box::leak(format!("veth{i:04}").into_boxed_str())).collect();
+        for (i, name) in names.iter().enumerate() {
+            let from = i as f64 * 2.0;
+            sim.run(&[name], &[steady(name, 1_000.0)], from, from + 1.75);
+        }
+        // 80 s of churn, a 30 s lookback: only the pods of the last ~30 s are remembered.
+        let remembered = sim.engine.pod_veths.len();
+        assert!((14..=17).contains(&remembered), "{remembered}");
+        assert!(sim.engine.incidents().is_empty());
     }
 
     #[test]
