@@ -27,8 +27,8 @@ use std::{
     ffi::{OsStr, OsString},
     fs::{self, File},
     hash::{DefaultHasher, Hasher},
-    io::{self, Read},
-    os::unix::{ffi::OsStrExt, fs::FileTypeExt, fs::OpenOptionsExt},
+    io,
+    os::unix::{ffi::OsStrExt, fs::OpenOptionsExt},
     path::{Path, PathBuf},
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -42,6 +42,7 @@ use tracing::{debug, warn};
 
 use crate::{
     dirwatch::{self, DirChange, EntryEvent, ReadFence, Unsettled},
+    files,
     timeline::{Event, EventKind, Stamp, Timeline},
 };
 
@@ -170,22 +171,6 @@ fn describe(error: &io::Error) -> String {
     }
 }
 
-fn file_kind(file_type: fs::FileType) -> &'static str {
-    if file_type.is_dir() {
-        "directory"
-    } else if file_type.is_fifo() {
-        "fifo"
-    } else if file_type.is_socket() {
-        "socket"
-    } else if file_type.is_char_device() {
-        "character device"
-    } else if file_type.is_block_device() {
-        "block device"
-    } else {
-        "unknown type"
-    }
-}
-
 /// What [`examine`] found at a config entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Examined {
@@ -221,7 +206,7 @@ pub(crate) fn examine(dir: &Path, name: &OsStr) -> Examined {
         meta
     };
     if !meta.is_file() {
-        return invalid(format!("not a regular file ({})", file_kind(meta.file_type())));
+        return invalid(format!("not a regular file ({})", files::kind(meta.file_type())));
     }
     let file = match File::options().read(true).custom_flags(libc::O_NONBLOCK).open(&path) {
         Ok(file) => file,
@@ -233,19 +218,16 @@ pub(crate) fn examine(dir: &Path, name: &OsStr) -> Examined {
     // What the fd refers to: the path may have been swapped since the metadata.
     let meta = match file.metadata() {
         Ok(meta) if meta.is_file() => meta,
-        Ok(meta) => return invalid(format!("not a regular file ({})", file_kind(meta.file_type()))),
+        Ok(meta) => return invalid(format!("not a regular file ({})", files::kind(meta.file_type()))),
         Err(error) => return unreadable(&error),
     };
     let verdict = if meta.len() > MAX_CONFIG_BYTES {
         FileFacts::invalid(format!("over 1 MiB ({} bytes)", meta.len()))
     } else {
-        let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
-        match (&file).take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes) {
+        match files::read_at_most(&file, meta.len(), MAX_CONFIG_BYTES) {
             Err(error) => FileFacts::invalid(format!("unreadable: {}", describe(&error))),
-            Ok(_) if bytes.len() as u64 > MAX_CONFIG_BYTES => {
-                FileFacts::invalid(format!("over 1 MiB (more than {MAX_CONFIG_BYTES} bytes)"))
-            }
-            Ok(_) => FileFacts { fingerprint: Some(fingerprint(&bytes)), verdict: validate(name, &bytes) },
+            Ok(None) => FileFacts::invalid(format!("over 1 MiB (more than {MAX_CONFIG_BYTES} bytes)")),
+            Ok(Some(bytes)) => FileFacts { fingerprint: Some(fingerprint(&bytes)), verdict: validate(name, &bytes) },
         }
     };
     // Asked after reading: a writer that overlapped the read either still has the file open, or

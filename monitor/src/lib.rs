@@ -8,6 +8,7 @@ pub mod cni;
 pub mod config;
 pub mod datapath;
 pub mod dirwatch;
+pub mod files;
 pub mod incident;
 pub mod incident_store;
 pub mod incidents;

@@ -25,8 +25,8 @@ use std::{
     ffi::OsStr,
     fs::OpenOptions,
     hash::Hash,
-    io::{self, Read},
-    os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt},
+    io,
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
     sync::Arc,
     time::SystemTime,
@@ -35,6 +35,8 @@ use std::{
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
 use tokio::task::JoinHandle;
+
+use crate::files;
 use tracing::{debug, warn};
 
 /// Cache files larger than this are not read: a libcni entry is a few KiB.
@@ -587,33 +589,16 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, PodCacheError> {
             _ => PodCacheError::Io { op: "opening", source },
         })?;
     let metadata = file.metadata().map_err(|source| PodCacheError::Io { op: "stat", source })?;
-    let file_type = metadata.file_type();
-    if !file_type.is_file() {
-        let kind = if file_type.is_dir() {
-            "directory"
-        } else if file_type.is_fifo() {
-            "fifo"
-        } else if file_type.is_socket() {
-            "socket"
-        } else if file_type.is_char_device() || file_type.is_block_device() {
-            "device"
-        } else {
-            "special file"
-        };
-        return Err(PodCacheError::NotRegular { kind });
+    if !metadata.is_file() {
+        return Err(PodCacheError::NotRegular { kind: files::kind(metadata.file_type()) });
     }
     if metadata.len() > MAX_CACHE_FILE_BYTES {
         return Err(PodCacheError::TooLarge { size: metadata.len(), max: MAX_CACHE_FILE_BYTES });
     }
-    let mut bytes = Vec::with_capacity(metadata.len() as usize);
-    // One byte more than the limit: a file that grew since fstat is still caught.
-    file.take(MAX_CACHE_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|source| PodCacheError::Io { op: "reading", source })?;
-    if bytes.len() as u64 > MAX_CACHE_FILE_BYTES {
-        return Err(PodCacheError::TooLarge { size: bytes.len() as u64, max: MAX_CACHE_FILE_BYTES });
-    }
-    Ok(bytes)
+    // A file that grew since the fstat is still caught.
+    files::read_at_most(&file, metadata.len(), MAX_CACHE_FILE_BYTES)
+        .map_err(|source| PodCacheError::Io { op: "reading", source })?
+        .ok_or(PodCacheError::TooLarge { size: MAX_CACHE_FILE_BYTES + 1, max: MAX_CACHE_FILE_BYTES })
 }
 
 /// The error and its sources on one line.
