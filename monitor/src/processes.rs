@@ -177,23 +177,20 @@ async fn follow(
                 continue;
             };
             debug!(?observation, ppid = raw.ppid, "process event");
+            let pid = observation.pid;
             for event in lock(&tracker).observe(observation) {
                 if event.kind == EventKind::ProcessExit && !exited.contains(&event.subject) {
                     exited.push(event.subject.clone());
                 }
-                events.push(event);
+                events.push((pid, event));
             }
         }
         // Who carries on: a daemon's child that the exit left behind, or nobody. Its
         // parent's exit is recorded as a hand-off, never as a cause of an incident.
         let handoffs = if exited.is_empty() { Vec::new() } else { rescan(&tracker, &proc_root, &exited, true) };
-        for event in events {
+        for (pid, event) in events {
             let handoff = (event.kind == EventKind::ProcessExit)
-                .then(|| {
-                    handoffs
-                        .iter()
-                        .find(|h| h.name == event.subject && event.detail.starts_with(&format!("pid {} ", h.parent)))
-                })
+                .then(|| handoffs.iter().find(|h| h.name == event.subject && h.parent == pid))
                 .flatten();
             timeline.record(match handoff {
                 Some(handoff) => event.daemon_handoff(handoff.child),
