@@ -52,6 +52,9 @@ pub(crate) fn count_map_error(slot: u32) {
     }
 }
 
+// Inlined: as a BPF subprogram LLVM may leave a stack pointer in r0 at its exit, which the
+// verifier rejects.
+#[inline(always)]
 fn observe(ctx: &TcContext, ingress: bool) {
     // SAFETY: ctx.skb is the program's context pointer.
     let ifindex = unsafe { (*ctx.skb.skb.cast::<__sk_buff>()).ifindex };
@@ -78,50 +81,72 @@ fn interface_counters(ifindex: u32) -> Option<*mut InterfaceCounters> {
     INTERFACE_COUNTERS.get_ptr_mut(ifindex)
 }
 
+/// Reads a `T` at `offset` from the packet: straight from the linear data when it is there
+/// (the common case, and far cheaper than a helper call), else through bpf_skb_load_bytes.
+/// Whole headers are read at once: one bounds check each, and never a 1-byte read, whose
+/// check LLVM rewrites into a form the verifier cannot use.
+#[inline(always)]
+fn read<T: Copy>(ctx: &TcContext, offset: usize) -> Result<T, i64> {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + offset + size_of::<T>() <= end {
+        // SAFETY: bounds checked against data_end just above (the verifier checks it too).
+        return Ok(unsafe { ((start + offset) as *const T).read_unaligned() });
+    }
+    ctx.load(offset)
+}
+
+const IPV4_HLEN: usize = 20;
+const IPV6_HLEN: usize = 40;
+const TCP_HLEN: usize = 20;
+
 fn observe_tcp(ctx: &TcContext, ifindex: u32, direction: &mut DirectionCounters) -> Result<(), i64> {
+    // skb->protocol: the ethertype, without touching the packet.
+    // SAFETY: ctx.skb.skb is the program's context pointer.
+    let protocol = u16::from_be(unsafe { (*ctx.skb.skb.cast::<__sk_buff>()).protocol } as u16);
     let mut key = FlowKey { ifindex, ..FlowKey::default() };
-    let l4 = match u16::from_be(ctx.load::<u16>(12)?) {
+    let l4 = match protocol {
         ETH_P_IP => {
-            let version_ihl: u8 = ctx.load(ETH_HLEN)?;
-            let ihl = usize::from(version_ihl & 0x0f) * 4;
-            let protocol: u8 = ctx.load(ETH_HLEN + 9)?;
-            let fragment_offset = u16::from_be(ctx.load::<u16>(ETH_HLEN + 6)?) & 0x1fff;
-            if ihl < 20 || protocol != IPPROTO_TCP || fragment_offset != 0 {
+            let ip: [u8; IPV4_HLEN] = read(ctx, ETH_HLEN)?;
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            let fragment_offset = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff;
+            if ihl < IPV4_HLEN || ip[9] != IPPROTO_TCP || fragment_offset != 0 {
                 return Ok(());
             }
             key.family = AF_INET;
-            let saddr: [u8; 4] = ctx.load(ETH_HLEN + 12)?;
-            let daddr: [u8; 4] = ctx.load(ETH_HLEN + 16)?;
-            key.saddr[..4].copy_from_slice(&saddr);
-            key.daddr[..4].copy_from_slice(&daddr);
+            key.saddr[..4].copy_from_slice(&ip[12..16]);
+            key.daddr[..4].copy_from_slice(&ip[16..20]);
             ETH_HLEN + ihl
         }
         ETH_P_IPV6 => {
+            let ip: [u8; IPV6_HLEN] = read(ctx, ETH_HLEN)?;
             // Extension headers before TCP are rare on pod networks and not followed.
-            let next_header: u8 = ctx.load(ETH_HLEN + 6)?;
-            if next_header != IPPROTO_TCP {
+            if ip[6] != IPPROTO_TCP {
                 return Ok(());
             }
             key.family = AF_INET6;
-            key.saddr = ctx.load(ETH_HLEN + 8)?;
-            key.daddr = ctx.load(ETH_HLEN + 24)?;
-            ETH_HLEN + 40
+            key.saddr.copy_from_slice(&ip[8..24]);
+            key.daddr.copy_from_slice(&ip[24..40]);
+            ETH_HLEN + IPV6_HLEN
         }
         _ => return Ok(()),
     };
-    let ports: [u16; 2] = ctx.load(l4)?;
-    key.sport = ports[0];
-    key.dport = ports[1];
-    let flags: u8 = ctx.load(l4 + 13)?;
+    let tcp: [u8; TCP_HLEN] = read(ctx, l4)?;
+    let flags = tcp[13];
+    // Most packets are neither SYN nor RST: no flow-table access for them.
+    if flags & (TCP_SYN | TCP_RST) == 0 {
+        return Ok(());
+    }
+    key.sport = u16::from_ne_bytes([tcp[0], tcp[1]]);
+    key.dport = u16::from_ne_bytes([tcp[2], tcp[3]]);
 
     if flags & TCP_RST != 0 {
         direction.tcp_resets += 1;
         // A reset answers the handshake it refuses.
         let _ = FLOWS.remove(reversed(&key));
-    } else if flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
-        let seq = u32::from_be(ctx.load::<u32>(l4 + 4)?);
-        syn_seen(&key, seq, direction);
-    } else if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK {
+    } else if flags & TCP_ACK == 0 {
+        syn_seen(&key, u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]), direction);
+    } else {
+        // SYN-ACK: the handshake is answered.
         let _ = FLOWS.remove(reversed(&key));
     }
     Ok(())
