@@ -43,6 +43,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Ok(probe) => (Some(probe), None),
         Err(error) => (None, Some(error.to_string())),
     };
+    release_freed_memory();
     let own_netns = interfaces::own_netns_inode().context("reading this network namespace")?;
     let timeline = Arc::new(Timeline::new(config.event_capacity));
 
@@ -222,4 +223,14 @@ async fn wait_for_signal() -> anyhow::Result<&'static str> {
         _ = terminate.recv() => "SIGTERM",
         _ = interrupt.recv() => "SIGINT",
     })
+}
+
+/// Loading parses the kernel's BTF (tens of MiB, freed right after); glibc keeps freed heap
+/// pages mapped, so without this the agent's resident memory never comes back down.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory; no pointer is invalidated.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }

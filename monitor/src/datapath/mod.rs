@@ -153,18 +153,23 @@ impl Datapath {
     pub fn load(options: DatapathOptions) -> Result<Self, DatapathError> {
         let layout = KernelLayout::from_vmlinux()?;
         let has_reason = u32::from(layout.has_drop_reasons());
+        // Parsed kernel BTF takes tens of MiB: one parse each (btf-rs for offsets, aya's for
+        // loading), each freed as soon as it has served, keeps the start-up peak down.
+        let KernelLayout { offsets, drop_reasons, btf } = layout;
         let tracepoint_layout = read_kfree_skb_format();
         let (tp_skbaddr, tp_reason) = match &tracepoint_layout {
             Ok(tp) => (tp.skbaddr, tp.reason.unwrap_or(0)),
             Err(_) => (0, 0),
         };
-        let offsets = layout.offsets;
-        debug!(?offsets, drop_reasons = layout.drop_reasons.len(), "kernel layout from BTF");
+        debug!(?offsets, drop_reasons = drop_reasons.len(), "kernel layout from BTF");
         // Its failure only disables the process tracer (see start_process_probe).
-        let process_offsets = ProcessTracerOffsets::resolve(&layout.btf).map_err(|error| error.to_string());
+        let process_offsets = ProcessTracerOffsets::resolve(&btf).map_err(|error| error.to_string());
+        drop(btf);
         let zero_offsets = ProcessTracerOffsets::default();
 
+        let kernel_btf = aya::Btf::from_sys_fs();
         let mut loader = EbpfLoader::new();
+        loader.btf(kernel_btf.as_ref().ok());
         process_offsets.as_ref().unwrap_or(&zero_offsets).override_globals(&mut loader);
         let mut ebpf = loader
             .override_global(GLOBAL_SKB_DEV_OFFSET, &offsets.skb_dev, true)
@@ -185,7 +190,7 @@ impl Datapath {
         // Becomes "tcx" or "clsact" at the first attach.
         probes.probes.insert("tc", Some("loaded".into()));
 
-        match attach_drop_tracer(&mut ebpf, options.drop_tracer) {
+        match attach_drop_tracer(&mut ebpf, kernel_btf, options.drop_tracer) {
             Ok(variant) => {
                 info!(variant, "drop tracer attached");
                 probes.probes.insert("kfree_skb", Some(variant.to_string()));
@@ -225,7 +230,7 @@ impl Datapath {
             },
             tc_mode_forced: options.tc_attach != TcAttachChoice::Auto,
             probes,
-            drop_reasons: layout.drop_reasons,
+            drop_reasons,
             nr_cpus,
             process_offsets,
             _stats: stats,
@@ -460,8 +465,12 @@ where
 }
 
 /// tp_btf first (cheaper, typed), else the classic tracepoint. Returns the variant used.
-fn attach_drop_tracer(ebpf: &mut Ebpf, choice: DropTracerChoice) -> Result<&'static str, String> {
-    let btf_error = match aya::Btf::from_sys_fs() {
+fn attach_drop_tracer(
+    ebpf: &mut Ebpf,
+    kernel_btf: Result<aya::Btf, aya::BtfError>,
+    choice: DropTracerChoice,
+) -> Result<&'static str, String> {
+    let btf_error = match kernel_btf {
         _ if choice == DropTracerChoice::Tracepoint => "not tried (--drop-tracer tracepoint)".to_string(),
         Ok(btf) => {
             let attached = program_mut::<BtfTracePoint>(ebpf, KFREE_SKB_BTF_PROGRAM).and_then(|program| {
