@@ -111,6 +111,10 @@ pub struct RunArgs {
     /// Which drop tracer: auto (tp_btf, else the classic tracepoint), tp-btf, tracepoint.
     #[arg(long, env = "DATAPATH_MONITOR_DROP_TRACER")]
     pub drop_tracer: Option<DropTracerChoice>,
+    /// Turn on the kernel's BPF run-time statistics for the program cost metrics (true/false).
+    /// They time every BPF program run on the node, not only the agent's.
+    #[arg(long, env = "DATAPATH_MONITOR_BPF_STATS", value_name = "BOOL")]
+    pub bpf_stats: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ValueEnum)]
@@ -145,6 +149,7 @@ pub struct Config {
     pub incident_history: usize,
     pub tc_attach: TcAttachChoice,
     pub drop_tracer: DropTracerChoice,
+    pub bpf_stats: bool,
 }
 
 impl Default for Config {
@@ -186,6 +191,7 @@ impl Default for Config {
             incident_history: 1_000,
             tc_attach: TcAttachChoice::Auto,
             drop_tracer: DropTracerChoice::Auto,
+            bpf_stats: false,
         }
     }
 }
@@ -230,6 +236,7 @@ impl Config {
             incident_history,
             tc_attach,
             drop_tracer,
+            bpf_stats,
         } = args;
         let mut resolved = match config {
             Some(path) => {
@@ -296,6 +303,9 @@ impl Config {
         }
         if let Some(choice) = drop_tracer {
             resolved.drop_tracer = choice;
+        }
+        if let Some(enabled) = bpf_stats {
+            resolved.bpf_stats = enabled;
         }
         resolved.validate()?;
         Ok(resolved)
@@ -364,7 +374,7 @@ impl Config {
     }
 
     pub fn datapath_options(&self) -> DatapathOptions {
-        DatapathOptions { tc_attach: self.tc_attach, drop_tracer: self.drop_tracer }
+        DatapathOptions { tc_attach: self.tc_attach, drop_tracer: self.drop_tracer, bpf_stats: self.bpf_stats }
     }
 
     pub fn removed_interface_grace(&self) -> Duration {

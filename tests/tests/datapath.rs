@@ -343,7 +343,8 @@ fn metrics_are_valid_openmetrics_with_every_family() -> Result<()> {
         r#"{"cniVersion": "0.3.1", "name": "a", "plugins": [{"type": "bridge"}]}"#,
     )?;
     let cni_dir = cni.display();
-    let agent = Agent::start(&host, &["--cni-dir", &cni_dir, "--sdn-process", "dm-none"])?;
+    // The program cost families exist only with the opt-in statistics.
+    let agent = Agent::start(&host, &["--cni-dir", &cni_dir, "--sdn-process", "dm-none", "--bpf-stats", "true"])?;
     send_udp(&pod.ns, addr(&pod.host_ip, 6003), 3)?;
     std::fs::write(cni.join("20-bad.conf"), "{")?;
     agent.wait_metrics("a CNI change", |m| m.has("datapath_cni_config_changes_total", &[("change", "invalid")]))?;

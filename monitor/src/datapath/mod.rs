@@ -61,6 +61,9 @@ pub enum DatapathError {
 pub struct DatapathOptions {
     pub tc_attach: TcAttachChoice,
     pub drop_tracer: DropTracerChoice,
+    /// Turn on the kernel's BPF run-time statistics (for the program cost metrics). They
+    /// time every run of every BPF program on the node, not only ours: off by default.
+    pub bpf_stats: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
@@ -142,7 +145,7 @@ pub struct Datapath {
     /// What the process tracer needs from this kernel, or why it cannot run.
     process_offsets: Result<ProcessTracerOffsets, String>,
     /// Keeps the kernel's run-time statistics on while the agent runs.
-    _stats: Option<OwnedFd>,
+    stats: Option<OwnedFd>,
 }
 
 const BPF_NOEXIST: u64 = 1;
@@ -202,12 +205,16 @@ impl Datapath {
             }
         }
 
-        let stats = match enable_stats(Stats::RunTime) {
-            Ok(fd) => Some(fd),
-            Err(error) => {
-                warn!(%error, "kernel BPF run-time statistics unavailable; program cost metrics stay at 0");
-                None
+        let stats = if options.bpf_stats {
+            match enable_stats(Stats::RunTime) {
+                Ok(fd) => Some(fd),
+                Err(error) => {
+                    warn!(%error, "kernel BPF run-time statistics unavailable; no program cost metrics");
+                    None
+                }
             }
+        } else {
+            None
         };
 
         let interface_counters = take_map(&mut ebpf, INTERFACE_COUNTERS_MAP)?;
@@ -233,7 +240,7 @@ impl Datapath {
             drop_reasons,
             nr_cpus,
             process_offsets,
-            _stats: stats,
+            stats,
         })
     }
 
@@ -414,7 +421,9 @@ impl Datapath {
                 *total = values.iter().sum();
             }
         }
-        for (name, program) in self.ebpf.programs() {
+        // Without statistics the kernel counts nothing: no series rather than zeros.
+        let programs = self.ebpf.programs().filter(|_| self.stats.is_some());
+        for (name, program) in programs {
             let Some(program_name) = known_program(name) else { continue };
             if let Ok(info) = program.info() {
                 counters.programs.push(ProgramRunStats {
