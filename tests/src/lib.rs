@@ -156,6 +156,11 @@ pub struct Agent<'a> {
 
 impl<'a> Agent<'a> {
     pub fn start(ns: &'a Netns, extra: &[&str]) -> Result<Self> {
+        Self::start_logging(ns, extra, "info,datapath_monitor=debug")
+    }
+
+    /// As [`Agent::start`], with `rust_log` as RUST_LOG (the benchmark runs it as deployed: `info`).
+    pub fn start_logging(ns: &'a Netns, extra: &[&str], rust_log: &str) -> Result<Self> {
         let binary = agent_binary()?;
         let log = std::env::temp_dir().join(format!("{}-agent.log", ns.name));
         // Appended to: a test that restarts the agent keeps both runs' logs.
@@ -167,7 +172,7 @@ impl<'a> Agent<'a> {
         args.extend_from_slice(extra);
         let child = Command::new("ip")
             .args(&args)
-            .env("RUST_LOG", "info,datapath_monitor=debug")
+            .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
@@ -192,6 +197,11 @@ impl<'a> Agent<'a> {
             ensure!(Instant::now() < deadline, "agent not ready after {timeout:?}:\n{}", self.log_text());
             thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The agent's pid (`ip netns exec` execs it, so the child's pid is the agent's).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn log_text(&self) -> String {

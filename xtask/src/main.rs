@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's tasks in Rust, so that setting up, building, running and
 //! testing work the same on a laptop, a lab VM and CI.
 
+mod bench;
 mod build;
 mod command;
 mod lab;
@@ -47,6 +48,15 @@ enum Task {
     },
     /// Build, bring the lab up, run the agent, replay the SDN upgrade disruption, show what was caught.
     Demo,
+    /// Measure what the monitor costs (datapath, CPU, memory) and how fast it detects; writes BENCHMARKS.md.
+    Bench {
+        /// Fewer rounds and shorter runs (a few minutes): checks every measurement works.
+        #[arg(long)]
+        quick: bool,
+        /// Only some sections: programs, throughput, agent, latency (comma-separated).
+        #[arg(long)]
+        only: Option<String>,
+    },
     /// fmt, clippy (host and eBPF), unit tests, then privileged end-to-end tests.
     Test {
         /// Only fmt, clippy and unit tests.
@@ -85,6 +95,7 @@ fn main() -> ExitCode {
             LabCommand::Down => lab::LabAction::Down,
         }),
         Task::Demo => lab::demo(),
+        Task::Bench { quick, only } => bench::bench(quick, only.as_deref()),
         Task::Test { unit, e2e, filter } => test::test(test::Selection { unit: !e2e, e2e: !unit }, &filter),
     };
     match result {

@@ -45,6 +45,8 @@ const APT_PACKAGES: &[&str] = &[
     // promtool (and the Prometheus server the alert test runs); python3-venv for kubernetes-validate.
     "prometheus",
     "python3-venv",
+    // `cargo xtask bench`: TCP and UDP throughput.
+    "iperf3",
 ];
 
 /// In install order: bpf-linker builds against the LLVM the apt step installs.

@@ -34,6 +34,11 @@ use self::{
 /// The kernel programs, built by build.rs from monitor-ebpf.
 static PROGRAMS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/monitor-ebpf"));
 
+/// Empty programs of each type the agent loads (monitor-ebpf/src/baselines.rs), for
+/// `cargo xtask bench`: their run time on the same hooks is the baseline it subtracts.
+#[doc(hidden)]
+pub static BASELINE_PROGRAMS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/baselines"));
+
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {
     #[error("kernel BTF: {what}: {source}")]
