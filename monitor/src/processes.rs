@@ -1015,7 +1015,8 @@ mod tests {
         let early_pid = early.id();
 
         mounts::ensure_mounted().unwrap();
-        let mut datapath = Datapath::load(DatapathOptions::default()).unwrap();
+        // With statistics on, to check the process programs report theirs.
+        let mut datapath = Datapath::load(DatapathOptions { bpf_stats: true, ..DatapathOptions::default() }).unwrap();
         let probe = datapath.start_process_probe(&[NAME.to_string()]).unwrap();
         assert_eq!(datapath.probes().probes.get("sched_process"), Some(&Some("tracepoint".to_string())));
         let timeline = Arc::new(Timeline::new(100));
