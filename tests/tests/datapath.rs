@@ -72,6 +72,8 @@ fn packets_and_bytes(agent_args: &[&str], subnet: u8) -> Result<()> {
     assert_eq!(m.value("datapath_packets_total", &egress), 40.0, "{}", m.text);
     assert_eq!(m.value("datapath_bytes_total", &egress), 40.0 * FRAME, "{}", m.text);
     assert_eq!(m.value("datapath_packets_total", &ingress), sent as f64, "{}", m.text);
+    // The kernel's run-time statistics are opt-in (--bpf-stats): without them, no cost series.
+    assert!(!m.text.contains("datapath_bpf_program_run"), "{}", m.text);
     drop((listener, pod_listener));
     Ok(())
 }
