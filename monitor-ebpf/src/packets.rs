@@ -97,45 +97,52 @@ fn read<T: Copy>(ctx: &TcContext, offset: usize) -> Result<T, i64> {
 
 const IPV4_HLEN: usize = 20;
 const IPV6_HLEN: usize = 40;
-const TCP_HLEN: usize = 20;
 
 fn observe_tcp(ctx: &TcContext, ifindex: u32, direction: &mut DirectionCounters) -> Result<(), i64> {
     // skb->protocol: the ethertype, without touching the packet.
     // SAFETY: ctx.skb.skb is the program's context pointer.
     let protocol = u16::from_be(unsafe { (*ctx.skb.skb.cast::<__sk_buff>()).protocol } as u16);
-    let mut key = FlowKey { ifindex, ..FlowKey::default() };
-    let l4 = match protocol {
+    // Every packet pays for what is read before the flags test, so only the bytes that
+    // decide "TCP, and SYN or RST?" are read there; addresses, ports and the flow key (a
+    // 40-byte stack fill) only for SYN and RST packets.
+    let (family, l4) = match protocol {
         ETH_P_IP => {
-            let ip: [u8; IPV4_HLEN] = read(ctx, ETH_HLEN)?;
+            // Version/IHL, .., flags/fragment offset, TTL, protocol.
+            let ip: [u8; 10] = read(ctx, ETH_HLEN)?;
             let ihl = usize::from(ip[0] & 0x0f) * 4;
             let fragment_offset = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff;
             if ihl < IPV4_HLEN || ip[9] != IPPROTO_TCP || fragment_offset != 0 {
                 return Ok(());
             }
-            key.family = AF_INET;
-            key.saddr[..4].copy_from_slice(&ip[12..16]);
-            key.daddr[..4].copy_from_slice(&ip[16..20]);
-            ETH_HLEN + ihl
+            (AF_INET, ETH_HLEN + ihl)
         }
         ETH_P_IPV6 => {
-            let ip: [u8; IPV6_HLEN] = read(ctx, ETH_HLEN)?;
             // Extension headers before TCP are rare on pod networks and not followed.
-            if ip[6] != IPPROTO_TCP {
+            let fixed: [u8; 8] = read(ctx, ETH_HLEN)?;
+            if fixed[6] != IPPROTO_TCP {
                 return Ok(());
             }
-            key.family = AF_INET6;
-            key.saddr.copy_from_slice(&ip[8..24]);
-            key.daddr.copy_from_slice(&ip[24..40]);
-            ETH_HLEN + IPV6_HLEN
+            (AF_INET6, ETH_HLEN + IPV6_HLEN)
         }
         _ => return Ok(()),
     };
-    let tcp: [u8; TCP_HLEN] = read(ctx, l4)?;
-    let flags = tcp[13];
-    // Most packets are neither SYN nor RST: no flow-table access for them.
+    // Data offset/reserved, flags.
+    let flags = read::<[u8; 2]>(ctx, l4 + 12)?[1];
+    // Most packets are neither SYN nor RST: no flow key and no flow-table access for them.
     if flags & (TCP_SYN | TCP_RST) == 0 {
         return Ok(());
     }
+    let mut key = FlowKey { ifindex, family, ..FlowKey::default() };
+    if family == AF_INET {
+        let addresses: [u8; 8] = read(ctx, ETH_HLEN + 12)?;
+        key.saddr[..4].copy_from_slice(&addresses[..4]);
+        key.daddr[..4].copy_from_slice(&addresses[4..]);
+    } else {
+        key.saddr = read(ctx, ETH_HLEN + 8)?;
+        key.daddr = read(ctx, ETH_HLEN + 24)?;
+    }
+    // Source port, destination port, sequence number.
+    let tcp: [u8; 8] = read(ctx, l4)?;
     key.sport = u16::from_ne_bytes([tcp[0], tcp[1]]);
     key.dport = u16::from_ne_bytes([tcp[2], tcp[3]]);
 
