@@ -1,6 +1,6 @@
 //! Section 2, datapath throughput with and without the monitor attached, in interleaved rounds.
 
-use std::time::Duration;
+use std::{thread, time::Duration};
 
 use anyhow::Result;
 
@@ -13,6 +13,7 @@ use crate::{
 
 const IPERF_PORT: u16 = 5201;
 const CRR_PORT: u16 = 7001;
+const SETTLE: Duration = Duration::from_secs(3);
 
 #[derive(Clone, Copy)]
 enum Test {
@@ -79,6 +80,9 @@ pub fn measure(bench: &Bench) -> Result<Section> {
         for monitored in order {
             progress(&format!("  round {}/{}, {}", round + 1, plan.rounds, if monitored { "with" } else { "without" }));
             let agent = if monitored { Some(bench.start_agent(2)?) } else { None };
+            // Both modes wait alike; with the agent this lets its start-up work (parsing the
+            // kernel's BTF, the first netlink dump) finish before traffic starts.
+            thread::sleep(SETTLE);
             for (index, test) in Test::ALL.into_iter().enumerate() {
                 results[index][usize::from(monitored)].push(test.run(bench, plan.run)?);
             }
@@ -111,11 +115,13 @@ pub fn measure(bench: &Bench) -> Result<Section> {
         "Two pods, each a network namespace behind a host-side veth, routed through the host namespace as a \
          CNI's routed mode does; the traffic goes pod to pod, so it crosses two watched veths (ingress on one, \
          egress on the other). *With* means the agent runs with its defaults and is attached to both veths; \
-         *without* means no agent at all. {rounds} rounds of each, interleaved (without-with, then \
+         *without* means no agent at all; each mode waits {settle} s before its first run, so the agent's start-up is \
+         not measured. {rounds} rounds of each, interleaved (without-with, then \
          with-without) so drift on this shared machine hits both alike; each run lasts {secs} s. Shown: \
          median (min – max) of the runs, and the median of the per-round ratios (min – max).\n\n{}",
         table(&["test", "without the monitor", "with the monitor", "ratio"], &rows),
         rounds = plan.rounds,
+        settle = SETTLE.as_secs(),
         secs = plan.run.as_secs(),
     );
     Ok(Section { title: "2. Datapath throughput with and without the monitor".into(), figures, body })

@@ -11,6 +11,8 @@ use datapath_monitor_tests::{Netns, Pod, sh};
 pub const SYN_SINK_NET: &str = "10.201.0.0/16";
 pub const SYN_SINK_ADDR: [u8; 4] = [10, 201, 0, 1];
 const SYN_SINK_DEVICE: &str = "sink0";
+const HOST_PREFIX: &str = "dmbh";
+const PODS_PREFIX: &str = "dmbp";
 
 pub struct Topology {
     pub host: Netns,
@@ -29,7 +31,14 @@ struct Scaled {
 
 impl Topology {
     pub fn new() -> Result<Self> {
-        let host = Netns::new("dmbh")?;
+        // An interrupted run leaves its namespaces (and their veths) behind.
+        for prefix in [HOST_PREFIX, PODS_PREFIX] {
+            for leftover in dm_lab::sys::netns_with_prefix(prefix) {
+                eprintln!("dm-bench: removing network namespace {leftover}, left by an interrupted run");
+                let _ = Command::new("ip").args(["netns", "del", &leftover]).status();
+            }
+        }
+        let host = Netns::new(HOST_PREFIX)?;
         let a = Pod::new(&host, 1)?;
         let b = Pod::new(&host, 2)?;
         host.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
@@ -63,7 +72,7 @@ impl Topology {
     pub fn scale_to(&mut self, count: usize) -> Result<()> {
         let scaled = match &mut self.scaled {
             Some(scaled) => scaled,
-            None => self.scaled.insert(Scaled { pods: Netns::new("dmbp")?, count: 0 }),
+            None => self.scaled.insert(Scaled { pods: Netns::new(PODS_PREFIX)?, count: 0 }),
         };
         let mut host_batch = String::new();
         let mut pods_batch = String::new();
