@@ -45,6 +45,18 @@ impl InterfaceCounters {
     }
 }
 
+/// Value of [`INTERFACE_SLOTS_MAP`], a per-CPU array indexed by `ifindex % INTERFACE_SLOTS_MAX`: the
+/// counters of the interface whose ifindex it holds (0: free). The agent gives each
+/// interface it attaches to its slot when that slot is free, else an entry of
+/// [`INTERFACE_COUNTERS_MAP`]: an array lookup is the cheapest a packet can pay.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InterfaceSlot {
+    pub ifindex: u32,
+    pub _pad: u32,
+    pub counters: InterfaceCounters,
+}
+
 /// Key of [`FLOWS_MAP`]: one TCP handshake as seen on one interface.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -105,6 +117,7 @@ pub const MAP_ERROR_SLOTS: u32 = 4;
 
 /// Map names, as the agent looks them up.
 pub const INTERFACE_COUNTERS_MAP: &str = "INTERFACE_COUNTERS";
+pub const INTERFACE_SLOTS_MAP: &str = "INTERFACE_SLOTS";
 pub const FLOWS_MAP: &str = "FLOWS";
 pub const DROPS_MAP: &str = "DROPS";
 pub const MAP_ERRORS_MAP: &str = "MAP_ERRORS";
@@ -113,6 +126,9 @@ pub const PROCESS_EVENTS_MAP: &str = "PROCESS_EVENTS";
 
 /// Default sizes; the agent may override them at load time.
 pub const INTERFACE_COUNTERS_MAX: u32 = 4096;
+/// Slots of [`INTERFACE_SLOTS_MAP`]: interface `i` may own slot `i % INTERFACE_SLOTS_MAX`
+/// (a power of two, so the kernel's modulo is a mask).
+pub const INTERFACE_SLOTS_MAX: u32 = 1024;
 pub const FLOWS_MAX: u32 = 65_536;
 pub const DROPS_MAX: u32 = 16_384;
 /// How many process names the kernel filter holds.
@@ -183,6 +199,7 @@ mod user {
     use super::*;
     // SAFETY: all are repr(C), Copy, and have no implicit padding.
     unsafe impl aya::Pod for InterfaceCounters {}
+    unsafe impl aya::Pod for InterfaceSlot {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowState {}
     unsafe impl aya::Pod for DropKey {}
@@ -198,6 +215,8 @@ mod tests {
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<DirectionCounters>(), 32);
         assert_eq!(size_of::<InterfaceCounters>(), 64);
+        assert_eq!(size_of::<InterfaceSlot>(), 4 + 4 + 64);
+        assert!(INTERFACE_SLOTS_MAX.is_power_of_two());
         assert_eq!(size_of::<FlowKey>(), 4 + 2 + 2 + 16 + 16 + 2 + 2);
         assert_eq!(size_of::<FlowState>(), 16);
         assert_eq!(size_of::<DropKey>(), 16);

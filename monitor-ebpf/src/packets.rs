@@ -8,13 +8,17 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use monitor_common::{
-    AF_INET, AF_INET6, DirectionCounters, FLOWS_MAX, FlowKey, FlowState, INTERFACE_COUNTERS_MAX, InterfaceCounters,
-    MAP_ERROR_FLOWS_INSERT, MAP_ERROR_INTERFACE_INSERT, MAP_ERROR_SLOTS, SYN_RETRANSMIT_WINDOW_NS,
+    AF_INET, AF_INET6, DirectionCounters, FLOWS_MAX, FlowKey, FlowState, INTERFACE_COUNTERS_MAX, INTERFACE_SLOTS_MAX,
+    InterfaceCounters, InterfaceSlot, MAP_ERROR_FLOWS_INSERT, MAP_ERROR_INTERFACE_INSERT, MAP_ERROR_SLOTS,
+    SYN_RETRANSMIT_WINDOW_NS,
 };
 
 #[map(name = "INTERFACE_COUNTERS")]
 static INTERFACE_COUNTERS: PerCpuHashMap<u32, InterfaceCounters> =
     PerCpuHashMap::with_max_entries(INTERFACE_COUNTERS_MAX, 0);
+
+#[map(name = "INTERFACE_SLOTS")]
+static INTERFACE_SLOTS: PerCpuArray<InterfaceSlot> = PerCpuArray::with_max_entries(INTERFACE_SLOTS_MAX, 0);
 
 #[map(name = "FLOWS")]
 static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(FLOWS_MAX, 0);
@@ -69,8 +73,18 @@ fn observe(ctx: &TcContext, ingress: bool) {
     let _ = observe_tcp(ctx, ifindex, direction);
 }
 
-/// The agent creates each entry when it attaches; create it here only if it raced us.
+/// The interface's slot when the agent gave it one (an array lookup, inlined by the
+/// verifier), else its hash entry, which the agent creates when it attaches; create it here
+/// only if it raced us.
+#[inline(always)]
 fn interface_counters(ifindex: u32) -> Option<*mut InterfaceCounters> {
+    if let Some(slot) = INTERFACE_SLOTS.get_ptr_mut(ifindex % INTERFACE_SLOTS_MAX) {
+        // SAFETY: per-CPU value; this CPU is its only writer while we run.
+        let slot = unsafe { &mut *slot };
+        if slot.ifindex == ifindex {
+            return Some(&raw mut slot.counters);
+        }
+    }
     if let Some(counters) = INTERFACE_COUNTERS.get_ptr_mut(ifindex) {
         return Some(counters);
     }

@@ -116,11 +116,26 @@ pub struct Pod {
 impl Pod {
     /// `index` picks the /30 subnet 10.77.index.0 so pods of one test do not overlap.
     pub fn new(host: &Netns, index: u8) -> Result<Self> {
+        Self::create(host, index, None)
+    }
+
+    /// As [`Pod::new`], with the host-side veth at ifindex `ifindex`.
+    pub fn with_ifindex(host: &Netns, index: u8, ifindex: u32) -> Result<Self> {
+        Self::create(host, index, Some(ifindex))
+    }
+
+    fn create(host: &Netns, index: u8, ifindex: Option<u32>) -> Result<Self> {
         let ns = Netns::new("dmtp")?;
         let veth = format!("veth{:08x}", u32::from(index) << 16 | (std::process::id() & 0xffff));
         let host_ip = format!("10.77.{index}.1");
         let pod_ip = format!("10.77.{index}.2");
-        host.exec(&["ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns.name])?;
+        let ifindex = ifindex.map(|ifindex| ifindex.to_string());
+        let mut add = vec!["ip", "link", "add", &veth];
+        if let Some(ifindex) = &ifindex {
+            add.extend(["index", ifindex]);
+        }
+        add.extend(["type", "veth", "peer", "name", "eth0", "netns", &ns.name]);
+        host.exec(&add)?;
         host.exec(&["ip", "addr", "add", &format!("{host_ip}/30"), "dev", &veth])?;
         ns.exec(&["ip", "addr", "add", &format!("{pod_ip}/30"), "dev", "eth0"])?;
         host.exec(&["ip", "link", "set", &veth, "up"])?;
@@ -132,6 +147,11 @@ impl Pod {
         ns.exec(&["ip", "neigh", "replace", &host_ip, "lladdr", &host_mac, "dev", "eth0", "nud", "permanent"])?;
         Ok(Self { ns, veth, host_ip, pod_ip })
     }
+}
+
+/// The ifindex of `dev` in `ns`.
+pub fn ifindex_of(ns: &Netns, dev: &str) -> Result<u32> {
+    Ok(ns.exec(&["cat", &format!("/sys/class/net/{dev}/ifindex")])?.trim().parse()?)
 }
 
 fn mac_of(ns: &Netns, dev: &str) -> Result<String> {

@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::{Result, ensure};
-use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, require_root, settle, sh};
+use datapath_monitor_tests::{Agent, Metrics, Netns, Pod, TempDir, ifindex_of, require_root, settle, sh};
 
 const PAYLOAD: usize = 100;
 /// Ethernet (14) + IPv4 (20) + UDP (8) + payload: skb->len on a veth.
@@ -75,6 +75,33 @@ fn packets_and_bytes(agent_args: &[&str], subnet: u8) -> Result<()> {
     // The kernel's run-time statistics are opt-in (--bpf-stats): without them, no cost series.
     assert!(!m.text.contains("datapath_bpf_program_run"), "{}", m.text);
     drop((listener, pod_listener));
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn interfaces_sharing_a_counters_slot_are_each_counted_exactly() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmth")?;
+    let first = Pod::new(&host, 7)?;
+    // INTERFACE_SLOTS_MAX apart: the same fast-path slot, so the second falls back to the hash map.
+    let second_ifindex = ifindex_of(&host, &first.veth)? + monitor_common::INTERFACE_SLOTS_MAX;
+    let second = Pod::with_ifindex(&host, 8, second_ifindex)?;
+    assert_eq!(ifindex_of(&host, &second.veth)?, second_ifindex);
+    let agent = Agent::start(&host, &[])?;
+    let listener = host.run(|| UdpSocket::bind("0.0.0.0:5011"))??;
+    send_udp(&first.ns, addr(&first.host_ip, 5011), 30)?;
+    send_udp(&second.ns, addr(&second.host_ip, 5011), 50)?;
+    let ingress = |pod: &Pod| [("interface", pod.veth.clone()), ("direction", "ingress".to_string())];
+    let value = |m: &Metrics, pod: &Pod| {
+        let labels = ingress(pod);
+        m.value("datapath_packets_total", &[(labels[0].0, labels[0].1.as_str()), (labels[1].0, labels[1].1.as_str())])
+    };
+    agent.wait_metrics("both pods' packets", |m| value(m, &first) >= 30.0 && value(m, &second) >= 50.0)?;
+    settle();
+    let m = agent.metrics()?;
+    assert_eq!((value(&m, &first), value(&m, &second)), (30.0, 50.0), "{}", m.text);
+    drop(listener);
     Ok(())
 }
 

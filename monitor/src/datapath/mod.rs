@@ -20,8 +20,9 @@ use aya::{
 use monitor_common::{
     DROPS_MAP, DropKey, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_NET_INUM_OFFSET,
     GLOBAL_SKB_DEV_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET, INTERFACE_COUNTERS_MAP,
-    InterfaceCounters, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM, MAP_ERROR_SLOTS, MAP_ERRORS_MAP,
-    PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM, TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM,
+    INTERFACE_SLOTS_MAP, INTERFACE_SLOTS_MAX, InterfaceCounters, InterfaceSlot, KFREE_SKB_BTF_PROGRAM,
+    KFREE_SKB_TRACEPOINT_PROGRAM, MAP_ERROR_SLOTS, MAP_ERRORS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM,
+    TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM,
 };
 use serde::Serialize;
 use tracing::{debug, info, warn};
@@ -132,11 +133,15 @@ struct AttachedInterface {
     name: String,
     links: Vec<(&'static str, SchedClassifierLinkId)>,
     mode: AttachMode,
+    /// Its counters live in slot `ifindex % INTERFACE_SLOTS_MAX` of INTERFACE_SLOTS (else in
+    /// INTERFACE_COUNTERS, when another attached interface holds that slot).
+    slot: bool,
 }
 
 pub struct Datapath {
     ebpf: Ebpf,
     interface_counters: PerCpuHashMap<MapData, u32, InterfaceCounters>,
+    interface_slots: PerCpuArray<MapData, InterfaceSlot>,
     drops: PerCpuHashMap<MapData, DropKey, u64>,
     map_errors: PerCpuArray<MapData, u64>,
     attached: BTreeMap<u32, AttachedInterface>,
@@ -223,6 +228,7 @@ impl Datapath {
         };
 
         let interface_counters = take_map(&mut ebpf, INTERFACE_COUNTERS_MAP)?;
+        let interface_slots = take_map(&mut ebpf, INTERFACE_SLOTS_MAP)?;
         let drops = take_map(&mut ebpf, DROPS_MAP)?;
         let map_errors = take_map(&mut ebpf, MAP_ERRORS_MAP)?;
         let nr_cpus = aya::util::nr_cpus().map_err(|(_, error)| DatapathError::Map {
@@ -232,6 +238,7 @@ impl Datapath {
         Ok(Self {
             ebpf,
             interface_counters,
+            interface_slots,
             drops,
             map_errors,
             attached: BTreeMap::new(),
@@ -279,7 +286,11 @@ impl Datapath {
             }
             return Ok(mode);
         }
-        self.ensure_counters_entry(ifindex)?;
+        // Counters first, so no packet goes uncounted once a program runs.
+        let slot = self.claim_slot(ifindex)?;
+        if !slot {
+            self.ensure_counters_entry(ifindex)?;
+        }
         let mut links = Vec::with_capacity(2);
         let mut mode = self.tc_mode.unwrap_or(AttachMode::Tcx);
         for (program_name, attach_type) in
@@ -289,6 +300,9 @@ impl Datapath {
                 Ok(link) => links.push((program_name, link)),
                 Err(error) => {
                     self.detach_links(&mut links);
+                    if slot {
+                        self.release_slot(ifindex);
+                    }
                     return Err(error);
                 }
             }
@@ -297,7 +311,7 @@ impl Datapath {
         }
         let mode = self.tc_mode.unwrap_or(mode);
         self.probes.probes.insert("tc", Some(format!("{mode:?}").to_lowercase()));
-        self.attached.insert(ifindex, AttachedInterface { name: name.to_string(), links, mode });
+        self.attached.insert(ifindex, AttachedInterface { name: name.to_string(), links, mode, slot });
         Ok(mode)
     }
 
@@ -348,17 +362,59 @@ impl Datapath {
         }
     }
 
+    /// Gives `ifindex` its slot in INTERFACE_SLOTS (zeroed counters on every CPU) unless
+    /// another attached interface holds it. Returns whether it did.
+    fn claim_slot(&mut self, ifindex: u32) -> Result<bool, DatapathError> {
+        let index = ifindex % INTERFACE_SLOTS_MAX;
+        let taken = self.attached.iter().any(|(other, attached)| attached.slot && other % INTERFACE_SLOTS_MAX == index);
+        if taken {
+            debug!(ifindex, index, "slot taken: counters in the hash map");
+            return Ok(false);
+        }
+        let values = per_cpu(InterfaceSlot { ifindex, ..InterfaceSlot::default() }, self.nr_cpus, INTERFACE_SLOTS_MAP)?;
+        self.interface_slots
+            .set(index, values, 0)
+            .map_err(|source| DatapathError::Map { name: INTERFACE_SLOTS_MAP, source: Box::new(source) })?;
+        Ok(true)
+    }
+
+    /// Frees `ifindex`'s slot; returns the counters it held, summed over CPUs.
+    fn release_slot(&mut self, ifindex: u32) -> Option<InterfaceCounters> {
+        let index = ifindex % INTERFACE_SLOTS_MAX;
+        let last = self.read_slot(ifindex);
+        match per_cpu(InterfaceSlot::default(), self.nr_cpus, INTERFACE_SLOTS_MAP) {
+            Ok(free) => {
+                if let Err(error) = self.interface_slots.set(index, free, 0) {
+                    warn!(ifindex, %error, "freeing a counters slot");
+                }
+            }
+            Err(error) => warn!(ifindex, %error, "freeing a counters slot"),
+        }
+        last
+    }
+
+    /// The counters in `ifindex`'s slot, summed over CPUs; None if the slot is not its.
+    fn read_slot(&self, ifindex: u32) -> Option<InterfaceCounters> {
+        let values = match self.interface_slots.get(&(ifindex % INTERFACE_SLOTS_MAX), 0) {
+            Ok(values) => values,
+            Err(error) => {
+                debug!(ifindex, %error, "reading a counters slot");
+                return None;
+            }
+        };
+        let mut total = InterfaceCounters::default();
+        for slot in values.iter() {
+            if slot.ifindex != ifindex {
+                return None;
+            }
+            total.add(&slot.counters);
+        }
+        Some(total)
+    }
+
     /// The agent creates the counters entry so the hot path only ever increments in place.
     fn ensure_counters_entry(&mut self, ifindex: u32) -> Result<(), DatapathError> {
-        let zeros = PerCpuValues::try_from(vec![InterfaceCounters::default(); self.nr_cpus]).map_err(|error| {
-            DatapathError::Map {
-                name: INTERFACE_COUNTERS_MAP,
-                source: Box::new(MapError::SyscallError(aya::sys::SyscallError {
-                    call: "per-cpu values",
-                    io_error: error,
-                })),
-            }
-        })?;
+        let zeros = per_cpu(InterfaceCounters::default(), self.nr_cpus, INTERFACE_COUNTERS_MAP)?;
         match self.interface_counters.insert(ifindex, zeros, BPF_NOEXIST) {
             Ok(()) => Ok(()),
             Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
@@ -381,10 +437,15 @@ impl Datapath {
     pub fn detach(&mut self, ifindex: u32) -> Option<InterfaceCounters> {
         let mut attached = self.attached.remove(&ifindex)?;
         self.detach_links(&mut attached.links);
-        let last = self.interface_counters.get(&ifindex, 0).ok().map(|values| sum(values.iter()));
-        if let Err(error) = self.interface_counters.remove(&ifindex) {
-            debug!(ifindex, %error, "removing counters entry");
-        }
+        let last = if attached.slot {
+            self.release_slot(ifindex)
+        } else {
+            let last = self.interface_counters.get(&ifindex, 0).ok().map(|values| sum(values.iter()));
+            if let Err(error) = self.interface_counters.remove(&ifindex) {
+                debug!(ifindex, %error, "removing counters entry");
+            }
+            last
+        };
         debug!(ifindex, name = attached.name, "detached");
         last
     }
@@ -420,6 +481,13 @@ impl Datapath {
                 Err(error) => debug!(%error, "reading interface counters"),
             }
         }
+        for (&ifindex, attached) in &self.attached {
+            if attached.slot
+                && let Some(slot) = self.read_slot(ifindex)
+            {
+                counters.interfaces.entry(ifindex).or_default().add(&slot);
+            }
+        }
         counters.drops = self.read_drops();
         for (slot, total) in counters.map_errors.iter_mut().enumerate() {
             if let Ok(values) = self.map_errors.get(&(slot as u32), 0) {
@@ -440,6 +508,14 @@ impl Datapath {
         }
         counters
     }
+}
+
+/// `value` for every possible CPU, as per-CPU map writes take it.
+fn per_cpu<T: aya::Pod>(value: T, nr_cpus: usize, map: &'static str) -> Result<PerCpuValues<T>, DatapathError> {
+    PerCpuValues::try_from(vec![value; nr_cpus]).map_err(|error| DatapathError::Map {
+        name: map,
+        source: Box::new(MapError::SyscallError(aya::sys::SyscallError { call: "per-cpu values", io_error: error })),
+    })
 }
 
 fn known_program(name: &str) -> Option<&'static str> {
