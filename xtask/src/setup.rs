@@ -45,6 +45,14 @@ const APT_PACKAGES: &[&str] = &[
     // promtool (and the Prometheus server the alert test runs); python3-venv for kubernetes-validate.
     "prometheus",
     "python3-venv",
+    // Test VMs (cargo xtask vm, test --kernels): QEMU and virtiofsd, the initramfs's busybox,
+    // cpio, depmod and module decompression.
+    "qemu-system-x86",
+    "busybox-static",
+    "cpio",
+    "kmod",
+    "xz-utils",
+    "zstd",
 ];
 
 /// In install order: bpf-linker builds against the LLVM the apt step installs.
