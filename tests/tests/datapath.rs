@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::{Result, ensure};
-use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, require_root, settle, sh};
+use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, expected_tc_attach, require_root, settle, sh};
 
 const PAYLOAD: usize = 100;
 /// Ethernet (14) + IPv4 (20) + UDP (8) + payload: skb->len on a veth.
@@ -228,7 +228,8 @@ fn no_socket_drops(agent_args: &[&str], subnet: u8) -> Result<()> {
     let m = agent.metrics()?;
     assert_eq!(m.value("datapath_drops_total", &no_socket), 35.0, "{}", m.text);
     let (_, readyz) = agent.get("/readyz")?;
-    let expected = if agent_args.is_empty() { ["tcx", "tp_btf"] } else { ["clsact", "tracepoint"] };
+    // auto picks tcx where the kernel has it (>= 6.6) and falls back to clsact elsewhere.
+    let expected = if agent_args.is_empty() { [expected_tc_attach()?, "tp_btf"] } else { ["clsact", "tracepoint"] };
     for variant in expected {
         ensure!(readyz.contains(&format!("\"{variant}\"")), "{variant} not in /readyz: {readyz}");
     }
@@ -262,13 +263,29 @@ fn count_tcx_links() -> Result<usize> {
     Ok(links.as_array().into_iter().flatten().filter(|link| link["type"] == "tcx" || link["type"] == 11).count())
 }
 
+/// The agent's tc attachments as this kernel makes them: tcx links machine-wide, or (before
+/// 6.6) clsact filters running our programs on the interfaces of `ns`.
+fn count_tc_attachments(ns: &Netns) -> Result<usize> {
+    if expected_tc_attach()? == "tcx" {
+        return count_tcx_links();
+    }
+    let listing: serde_json::Value = serde_json::from_str(&ns.exec(&["bpftool", "-j", "net", "show"])?)?;
+    let filters = listing.as_array().into_iter().flatten().filter_map(|entry| entry["tc"].as_array()).flatten();
+    Ok(filters
+        .filter(|filter| {
+            filter["kind"].as_str().is_some_and(|kind| kind.starts_with("clsact/"))
+                && filter["name"].as_str().is_some_and(|name| name.starts_with("tc_"))
+        })
+        .count())
+}
+
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
 fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
     require_root();
     let programs_before = count_programs("tc_ingress")?;
-    let links_before = count_tcx_links()?;
     let host = Netns::new("dmth")?;
+    let links_before = count_tc_attachments(&host)?;
     let pods = Netns::new("dmtc")?;
     let mut agent = Agent::start(&host, &[])?;
     let base = agent.metrics()?.value("datapath_interfaces_attached", &[]);
@@ -309,7 +326,13 @@ fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
         agent.wait_metrics("all attached", |m| m.value("datapath_interfaces_attached", &[]) == base + pairs as f64)?;
     drop(m);
     assert_eq!(count_programs("tc_ingress")?, programs_before + 1, "one program, many links");
-    assert_eq!(count_tcx_links()?, links_before + 2 * (base as usize + pairs), "{}", sh(&["bpftool", "link", "show"])?);
+    assert_eq!(
+        count_tc_attachments(&host)?,
+        links_before + 2 * (base as usize + pairs),
+        "{}{}",
+        sh(&["bpftool", "link", "show"])?,
+        host.exec(&["bpftool", "net", "show"])?
+    );
 
     for name in &names {
         host.exec(&["ip", "link", "del", name])?;
@@ -327,7 +350,7 @@ fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
         "programs leaked:\n{}",
         sh(&["bpftool", "prog", "show"])?
     );
-    assert_eq!(count_tcx_links()?, links_before, "links leaked:\n{}", sh(&["bpftool", "link", "show"])?);
+    assert_eq!(count_tc_attachments(&host)?, links_before, "links leaked:\n{}", sh(&["bpftool", "link", "show"])?);
     Ok(())
 }
 

@@ -112,6 +112,8 @@ pub struct KernelReport {
     pub failures: Vec<String>,
     /// The probes' variants as the agent reported them in /readyz, e.g. `tc: clsact`.
     pub probes: Vec<(String, String)>,
+    /// (suite, passed, failed, seconds) as libtest reported them.
+    pub suites: Vec<(String, u32, u32, f64)>,
     pub status: i32,
 }
 
@@ -156,6 +158,7 @@ pub fn test_kernels(
                     failed: 0,
                     failures: vec![format!("guest: {error}")],
                     probes: Vec::new(),
+                    suites: Vec::new(),
                     status: -1,
                 }
             }
@@ -212,7 +215,8 @@ fn test_script(binaries: &[PathBuf], agent: &Path, lab: &Path, filter: &[String]
     script.push_str(PROBE_REPORT);
     script.push_str("failed=0\n");
     let filter: String = filter.iter().map(|word| format!(" {}", command::shell_quote(word))).collect();
-    for binary in binaries {
+    for (binary, (_, suite)) in binaries.iter().zip(GUEST_SUITES) {
+        let _ = writeln!(script, "echo 'DM-VM-SUITE: {suite}'");
         let _ = writeln!(script, "{} --ignored --test-threads=1{filter} || failed=1", quote(binary));
     }
     script.push_str("exit $failed\n");
@@ -249,12 +253,24 @@ impl KernelReport {
             failed: 0,
             failures: Vec::new(),
             probes: Vec::new(),
+            suites: Vec::new(),
             status: outcome.status,
         };
+        let mut suite = String::new();
         for line in outcome.console.lines() {
-            if let Some(counts) = line.strip_prefix("test result: ") {
-                report.passed += count_before(counts, " passed");
-                report.failed += count_before(counts, " failed");
+            let line = without_colors(line);
+            let line = line.as_str();
+            if let Some(name) = line.strip_prefix("DM-VM-SUITE: ") {
+                suite = name.to_owned();
+            } else if let Some(counts) = line.strip_prefix("test result: ") {
+                let (passed, failed) = (count_before(counts, " passed"), count_before(counts, " failed"));
+                report.passed += passed;
+                report.failed += failed;
+                let seconds = counts
+                    .rsplit_once("finished in ")
+                    .and_then(|(_, time)| time.trim_end_matches('s').parse().ok())
+                    .unwrap_or(f64::NAN);
+                report.suites.push((suite.clone(), passed, failed, seconds));
             } else if let Some(name) = line.strip_prefix("test ").and_then(|rest| rest.strip_suffix(" ... FAILED")) {
                 report.failures.push(name.to_owned());
             } else if let Some(json) = line.strip_prefix("DM-VM-PROBES: ") {
@@ -263,6 +279,25 @@ impl KernelReport {
         }
         report
     }
+}
+
+/// `line` without ANSI color sequences (libtest colors its results even on a serial console).
+fn without_colors(line: &str) -> String {
+    let mut text = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters, then one final byte in @..~.
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) && c != '[' {
+                    break;
+                }
+            }
+        } else {
+            text.push(c);
+        }
+    }
+    text
 }
 
 /// `N` in `...; N passed; ...`.
@@ -317,6 +352,9 @@ pub fn summary(reports: &[KernelReport]) -> String {
             report.elapsed.as_secs_f64(),
             probes.join(" ")
         );
+        for (suite, passed, failed, seconds) in &report.suites {
+            let _ = writeln!(text, "         {suite:<18} {passed:>3} passed {failed:>3} failed {seconds:>7.1}s");
+        }
         for failure in &report.failures {
             let _ = writeln!(text, "         FAILED {failure}");
         }
@@ -334,6 +372,12 @@ mod tests {
         assert_eq!(count_before(line, " passed"), 12);
         assert_eq!(count_before(line, " failed"), 1);
         assert_eq!(count_before("FAILED. 3 passed; 2 failed; 0 ignored", " passed"), 3);
+    }
+
+    #[test]
+    fn colors_are_stripped() {
+        assert_eq!(without_colors("test result: \x1b[31mFAILED\x1b[m. 3 passed"), "test result: FAILED. 3 passed");
+        assert_eq!(without_colors("plain"), "plain");
     }
 
     #[test]

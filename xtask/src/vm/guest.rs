@@ -86,7 +86,7 @@ pub fn run(kernel: &PreparedKernel, job: &Job) -> anyhow::Result<Outcome> {
     virtiofsd
         .arg(format!("--socket-path={}", socket.display()))
         // pivot_root (the default sandbox) cannot take / itself; chroot can.
-        .args(["-o", "source=/", "-o", "sandbox=chroot", "-o", "cache=auto", "-o", "log_level=err"])
+        .args(["-o", "source=/", "-o", "sandbox=chroot", "-o", "cache=always", "-o", "log_level=err"])
         // It reports the guest's power-off as an unexpected disconnect; failures show as QEMU's.
         .stderr(Stdio::null())
         .stdin(Stdio::null());
