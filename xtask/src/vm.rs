@@ -112,8 +112,10 @@ pub struct KernelReport {
     pub failures: Vec<String>,
     /// The probes' variants as the agent reported them in /readyz, e.g. `tc: clsact`.
     pub probes: Vec<(String, String)>,
-    /// (suite, passed, failed, seconds) as libtest reported them.
+    /// (suite, passed, failed, seconds of its tests).
     pub suites: Vec<(String, u32, u32, f64)>,
+    /// (test, seconds), as the guest timed each test's process.
+    pub tests: Vec<(String, f64)>,
     pub status: i32,
 }
 
@@ -159,6 +161,7 @@ pub fn test_kernels(
                     failures: vec![format!("guest: {error}")],
                     probes: Vec::new(),
                     suites: Vec::new(),
+                    tests: Vec::new(),
                     status: -1,
                 }
             }
@@ -215,9 +218,18 @@ fn test_script(binaries: &[PathBuf], agent: &Path, lab: &Path, filter: &[String]
     script.push_str(PROBE_REPORT);
     script.push_str("failed=0\n");
     let filter: String = filter.iter().map(|word| format!(" {}", command::shell_quote(word))).collect();
+    // One test per process, timed: the summary shows where a slow guest spends its time.
+    script.push_str("TIMEFORMAT='DM-VM-TIME: %R'\n");
     for (binary, (_, suite)) in binaries.iter().zip(GUEST_SUITES) {
+        let binary = quote(binary);
         let _ = writeln!(script, "echo 'DM-VM-SUITE: {suite}'");
-        let _ = writeln!(script, "{} --ignored --test-threads=1{filter} || failed=1", quote(binary));
+        let _ = writeln!(
+            script,
+            "for test in $({binary} --ignored --list --format=terse{filter} | sed -n 's/: test$//p'); do\n    \
+             echo \"DM-VM-TEST: $test\"\n    \
+             time {binary} --ignored --exact --color=never \"$test\" || failed=1\n\
+             done"
+        );
     }
     script.push_str("exit $failed\n");
     script
@@ -254,23 +266,31 @@ impl KernelReport {
             failures: Vec::new(),
             probes: Vec::new(),
             suites: Vec::new(),
+            tests: Vec::new(),
             status: outcome.status,
         };
-        let mut suite = String::new();
+        let mut test = String::new();
         for line in outcome.console.lines() {
             let line = without_colors(line);
             let line = line.as_str();
             if let Some(name) = line.strip_prefix("DM-VM-SUITE: ") {
-                suite = name.to_owned();
+                report.suites.push((name.to_owned(), 0, 0, 0.0));
+            } else if let Some(name) = line.strip_prefix("DM-VM-TEST: ") {
+                test = name.to_owned();
+            } else if let Some(seconds) = line.strip_prefix("DM-VM-TIME: ") {
+                let seconds = seconds.trim().parse().unwrap_or(f64::NAN);
+                report.tests.push((test.clone(), seconds));
+                if let Some(suite) = report.suites.last_mut() {
+                    suite.3 += seconds;
+                }
             } else if let Some(counts) = line.strip_prefix("test result: ") {
                 let (passed, failed) = (count_before(counts, " passed"), count_before(counts, " failed"));
                 report.passed += passed;
                 report.failed += failed;
-                let seconds = counts
-                    .rsplit_once("finished in ")
-                    .and_then(|(_, time)| time.trim_end_matches('s').parse().ok())
-                    .unwrap_or(f64::NAN);
-                report.suites.push((suite.clone(), passed, failed, seconds));
+                if let Some(suite) = report.suites.last_mut() {
+                    suite.1 += passed;
+                    suite.2 += failed;
+                }
             } else if let Some(name) = line.strip_prefix("test ").and_then(|rest| rest.strip_suffix(" ... FAILED")) {
                 report.failures.push(name.to_owned());
             } else if let Some(json) = line.strip_prefix("DM-VM-PROBES: ") {
@@ -293,7 +313,7 @@ fn without_colors(line: &str) -> String {
                     break;
                 }
             }
-        } else {
+        } else if !c.is_control() {
             text.push(c);
         }
     }
@@ -355,6 +375,13 @@ pub fn summary(reports: &[KernelReport]) -> String {
         for (suite, passed, failed, seconds) in &report.suites {
             let _ = writeln!(text, "         {suite:<18} {passed:>3} passed {failed:>3} failed {seconds:>7.1}s");
         }
+        let mut slowest = report.tests.clone();
+        slowest.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let slowest: Vec<String> =
+            slowest.iter().take(3).map(|(test, seconds)| format!("{test} {seconds:.0}s")).collect();
+        if !slowest.is_empty() {
+            let _ = writeln!(text, "         slowest: {}", slowest.join(", "));
+        }
         for failure in &report.failures {
             let _ = writeln!(text, "         FAILED {failure}");
         }
@@ -377,6 +404,7 @@ mod tests {
     #[test]
     fn colors_are_stripped() {
         assert_eq!(without_colors("test result: \x1b[31mFAILED\x1b[m. 3 passed"), "test result: FAILED. 3 passed");
+        assert_eq!(without_colors("\x1b[32mok\x1b[m\x0f. 4 passed"), "ok. 4 passed");
         assert_eq!(without_colors("plain"), "plain");
     }
 
