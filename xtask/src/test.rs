@@ -59,7 +59,7 @@ pub fn test(selection: Selection, filter: &[String]) -> anyhow::Result<()> {
             report.step("end-to-end tests", || end_to_end_tests(&workspace, &agent, &lab, filter))?;
         }
         let kernels = kernels.unwrap_or_else(|| Kernel::DEFAULT_MATRIX.to_vec());
-        report.step("end-to-end tests in test VMs", || vm_tests(&workspace, &kernels, &agent, &lab, filter))?;
+        report.step("end-to-end tests in test VMs", || vm_tests(&workspace, &kernels, &lab, filter))?;
     }
     report.finish();
     Ok(())
@@ -161,20 +161,14 @@ fn end_to_end_tests(workspace: &Workspace, agent: &Path, lab: &Path, filter: &[S
 }
 
 /// The end-to-end suites in a guest of each kernel (software emulation: several minutes each).
-fn vm_tests(
-    workspace: &Workspace,
-    kernels: &[Kernel],
-    agent: &Path,
-    lab: &Path,
-    filter: &[String],
-) -> anyhow::Result<Outcome> {
+fn vm_tests(workspace: &Workspace, kernels: &[Kernel], lab: &Path, filter: &[String]) -> anyhow::Result<Outcome> {
     if !command::is_root() {
         if running_in_ci() {
             bail!("test VMs need root (virtiofsd, the guests' privileged tests); CI never skips them");
         }
         return Ok(Outcome::Skipped("test VMs need root (run sudo -E cargo xtask test)".to_owned()));
     }
-    vm::test_kernels(workspace, kernels, agent, lab, filter)?;
+    vm::test_kernels(workspace, kernels, lab, filter)?;
     Ok(Outcome::Passed)
 }
 

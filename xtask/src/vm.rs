@@ -124,7 +124,6 @@ pub struct KernelReport {
 pub fn test_kernels(
     workspace: &Workspace,
     kernels: &[Kernel],
-    agent: &Path,
     lab: &Path,
     filter: &[String],
 ) -> anyhow::Result<Vec<KernelReport>> {
@@ -132,6 +131,10 @@ pub fn test_kernels(
     if !missing.is_empty() {
         bail!("missing for test VMs: {} (run `cargo xtask setup`)", missing.join(", "));
     }
+    // The release build, as users run it: under emulation the debug build takes 19 s to be
+    // ready (BTF parsing), the release build 3 s, and the tests start the agent 20 times.
+    let agent = build::build_agent(workspace, true)?;
+    let agent = agent.as_path();
     let binaries = build_test_binaries(workspace)?;
     let logs = workspace.target_dir.join("vm-logs");
     fs::create_dir_all(&logs)?;

@@ -26,10 +26,11 @@ const VIRTIOFSD: &str = "/usr/lib/qemu/virtiofsd";
 const QEMU: &str = "qemu-system-x86_64";
 /// Guest RAM; the overlay's writes live in it too.
 const MEMORY_MB: u32 = 2048;
-/// Modules the initramfs loads to mount its root (when not built in), with their dependencies.
-const ROOT_MODULES: &[&str] = &["virtio_pci", "virtiofs", "overlay"];
-/// Modules stage2 loads up front; anything else the kernel autoloads through modprobe.
-const PRELOAD_MODULES: &[&str] = &["veth", "sch_ingress", "cls_bpf", "act_bpf"];
+/// Modules the initramfs loads (when not built in), with their dependencies: its root's, the
+/// virtio NIC for forwarded ports, and the agent's and the tests' first needs. Anything else
+/// (netfilter, ...) the kernel autoloads through the guest's modprobe.
+const INITRAMFS_MODULES: &[&str] =
+    &["virtio_pci", "virtiofs", "overlay", "virtio_net", "veth", "sch_ingress", "cls_bpf", "act_bpf"];
 
 /// What to run in the guest.
 pub struct Job {
@@ -196,7 +197,7 @@ fn build_initramfs(kernel: &PreparedKernel, job: &Job, nonce: &str, scratch: &Pa
 
     let modules = ModuleIndex::read(&kernel.modules)?;
     let mut order = Vec::new();
-    for name in ROOT_MODULES {
+    for name in INITRAMFS_MODULES {
         modules.load_order(name, &mut order)?;
     }
     let mut names = Vec::new();
@@ -215,7 +216,6 @@ fn build_initramfs(kernel: &PreparedKernel, job: &Job, nonce: &str, scratch: &Pa
         ("DM_VM_MODULES", kernel.modules.to_str().context("modules path")?),
         ("DM_VM_WORKDIR", job.workdir.to_str().context("workdir path")?),
         ("DM_VM_HOSTNAME", hostname.as_str()),
-        ("DM_VM_PRELOAD", &PRELOAD_MODULES.join(" ")),
         ("DM_VM_NET", net),
     ];
     let env: String =
