@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, ensure};
+use anyhow::{Context as _, Result, ensure};
 use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, expected_tc_attach, require_root, settle, sh};
 
 const PAYLOAD: usize = 100;
@@ -396,5 +396,57 @@ fn metrics_are_valid_openmetrics_with_every_family() -> Result<()> {
     }
     let m = agent.metrics()?;
     ensure!(m.value("datapath_bpf_program_runs_total", &[("program", "tc_ingress")]) >= 3.0, "{body}");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn forcing_tcx_reports_the_tc_probe_as_this_kernel_supports_it_and_drops_still_count() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmth")?;
+    let pod = Pod::new(&host, 8)?;
+    let agent = Agent::start(&host, &["--tc-attach", "tcx"])?;
+    let tcx = expected_tc_attach()? == "tcx";
+    // Attached, the veth owns its drops; unattached (no tcx), they are counted under "other".
+    let drops_at = if tcx { pod.veth.as_str() } else { "other" };
+    let no_socket = [("interface", drops_at), ("reason", "NO_SOCKET")];
+    let before = agent.metrics()?.value("datapath_drops_total", &no_socket);
+
+    // The drop tracer does not depend on tc: it counts on every kernel.
+    send_udp(&pod.ns, addr(&pod.host_ip, 6001), 20)?;
+    agent.wait_metrics("host-side drops", |m| m.value("datapath_drops_total", &no_socket) >= before + 20.0)?;
+    settle();
+    let m = agent.metrics()?;
+    assert_eq!(m.value("datapath_drops_total", &no_socket), before + 20.0, "{}", m.text);
+    assert_eq!(m.value("datapath_probe_loaded", &[("probe", "kfree_skb")]), 1.0, "{}", m.text);
+
+    let readyz = agent.get_json("/readyz")?;
+    let interfaces = agent.get_json("/api/v1/interfaces")?;
+    let ours = interfaces
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|i| i["interface"] == pod.veth.as_str())
+        .with_context(|| format!("{} not in {interfaces}", pod.veth))?;
+    let ingress = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    if tcx {
+        ensure!(readyz["probes"]["probes"]["tc"] == "tcx", "{readyz}");
+        ensure!(ours["attach_mode"] == "tcx", "{ours}");
+        assert_eq!(m.value("datapath_probe_loaded", &[("probe", "tc")]), 1.0, "{}", m.text);
+        assert_eq!(m.value("datapath_packets_total", &ingress), 20.0, "{}", m.text);
+    } else {
+        // No tcx before 6.6 and no fallback allowed: reported and skipped, never a silent zero.
+        ensure!(readyz["probes"]["probes"]["tc"].is_null(), "{readyz}");
+        ensure!(readyz["probes"]["errors"]["tc"].as_str().is_some_and(|e| e.contains("tcx")), "{readyz}");
+        ensure!(ours["attach_mode"].is_null(), "{ours}");
+        ensure!(ours["attach_error"].as_str().is_some_and(|e| e.contains("tcx")), "{ours}");
+        assert_eq!(m.value("datapath_probe_loaded", &[("probe", "tc")]), 0.0, "{}", m.text);
+        ensure!(!m.has("datapath_packets_total", &ingress), "no packet series without a tc program:\n{}", m.text);
+        ensure!(
+            agent.log_text().lines().any(|l| l.contains("WARN") && l.contains("tc probe unsupported")),
+            "{}",
+            agent.log_text()
+        );
+    }
     Ok(())
 }
