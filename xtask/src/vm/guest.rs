@@ -30,7 +30,7 @@ const MEMORY_MB: u32 = 2048;
 /// virtio NIC for forwarded ports, and the agent's and the tests' first needs. Anything else
 /// (netfilter, ...) the kernel autoloads through the guest's modprobe.
 const INITRAMFS_MODULES: &[&str] =
-    &["virtio_pci", "virtiofs", "overlay", "virtio_net", "veth", "sch_ingress", "cls_bpf", "act_bpf"];
+    &["virtio_pci", "virtiofs", "overlay", "virtio_net", "veth", "sch_ingress", "cls_bpf", "act_bpf", "tun"];
 
 /// What to run in the guest.
 pub struct Job {
@@ -176,6 +176,9 @@ pub fn run(kernel: &PreparedKernel, job: &Job) -> anyhow::Result<Outcome> {
     let qemu_status = child.0.wait()?;
     match status {
         Some(status) => Ok(Outcome { status, boot_seconds, console }),
+        None if boot_seconds.is_some() => {
+            bail!("the guest (Linux {}) stopped before its command ended (QEMU {qemu_status})", kernel.release)
+        }
         None => bail!(
             "the guest (Linux {}) stopped without reporting its command's exit status (QEMU {qemu_status}); \
              boot or init failed, see the console above",
