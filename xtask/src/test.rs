@@ -59,7 +59,7 @@ pub fn test(selection: Selection, filter: &[String]) -> anyhow::Result<()> {
             report.step("end-to-end tests", || end_to_end_tests(&workspace, &agent, &lab, filter))?;
         }
         let kernels = kernels.unwrap_or_else(|| Kernel::DEFAULT_MATRIX.to_vec());
-        report.step("end-to-end tests in test VMs", || vm_tests(&workspace, &kernels, &lab, filter))?;
+        report.step("end-to-end tests (VMs)", || vm_tests(&workspace, &kernels, &lab, filter))?;
     }
     report.finish();
     Ok(())
