@@ -1068,9 +1068,15 @@ mod netns_tests {
     }
 
     /// The Added event for `name`, followed by the Changed event that resolves its peer
-    /// netns when the lookup had to wait for the rescan rate limit.
+    /// netns when the lookup had to wait for the rescan rate limit. Changed events of other
+    /// links before it are skipped: the kernel's linkwatch reports an operstate change up to
+    /// a second late, on a slow machine (a test VM) after the test's next step.
     async fn added_with_peer_netns(events: &mut mpsc::Receiver<LinkEvent>, name: &str) -> LinkFacts {
-        let link = added(next_event(events).await, name);
+        let mut event = next_event(events).await;
+        while matches!(&event, LinkEvent::Changed(link) if link.name != name) {
+            event = next_event(events).await;
+        }
+        let link = added(event, name);
         if link.peer.as_ref().and_then(|peer| peer.netns_inode).is_some() {
             return link;
         }

@@ -285,7 +285,12 @@ impl Sampler {
         if newly && mode.is_some() {
             info!(interface = link.name, ifindex, mode = ?mode, latency_us = started.elapsed().as_micros() as u64, "attached");
         }
-        self.set_owners(&link);
+        if mode.is_some() {
+            self.set_owners(&link);
+        } else {
+            // Not attached, so no series: its drops stay with "other" rather than vanish.
+            self.attribution.owners.retain(|_, owner| *owner != ifindex);
+        }
         self.watched.insert(ifindex, (link, mode, error));
     }
 

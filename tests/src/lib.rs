@@ -22,6 +22,39 @@ use nix::sched::{CloneFlags, setns};
 
 pub const AGENT_PORT: u16 = 9781;
 
+/// How much slower than the host this machine runs: `DM_TEST_TIME_SCALE` (default 1), set by
+/// `cargo xtask test` for guests under software emulation. It stretches how long a test waits
+/// for something to happen, never what the test asserts about it.
+pub fn time_scale() -> u32 {
+    std::env::var("DM_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|scale| scale.parse().ok())
+        .filter(|&scale| scale >= 1)
+        .unwrap_or(1)
+}
+
+/// A wait's timeout on this machine: `timeout` times [`time_scale`].
+pub fn scaled(timeout: Duration) -> Duration {
+    timeout * time_scale()
+}
+
+/// The running kernel's (major, minor), from `uname -r`.
+pub fn kernel_version() -> Result<(u32, u32)> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").context("reading the kernel release")?;
+    parse_kernel_version(&release).with_context(|| format!("unexpected kernel release {release:?}"))
+}
+
+fn parse_kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut numbers = release.trim().split(['.', '-', '+']);
+    Some((numbers.next()?.parse().ok()?, numbers.next()?.parse().ok()?))
+}
+
+/// The tc attach mode the agent's `auto` must pick here: tcx links arrived in Linux 6.6,
+/// older kernels get a clsact qdisc.
+pub fn expected_tc_attach() -> Result<&'static str> {
+    Ok(if kernel_version()? >= (6, 6) { "tcx" } else { "clsact" })
+}
+
 /// Runs a command, failing with its stderr when it fails.
 pub fn sh(args: &[&str]) -> Result<String> {
     let output = Command::new(args[0]).args(&args[1..]).output().with_context(|| format!("running {args:?}"))?;
@@ -199,7 +232,7 @@ impl<'a> Agent<'a> {
             .spawn()
             .context("starting the agent")?;
         let mut agent = Self { ns, child: Some(child), log };
-        agent.wait_ready(Duration::from_secs(30))?;
+        agent.wait_ready(scaled(Duration::from_secs(30)))?;
         Ok(agent)
     }
 
@@ -242,7 +275,7 @@ impl<'a> Agent<'a> {
 
     /// Polls /metrics until `done` holds, then returns that scrape.
     pub fn wait_metrics(&self, what: &str, done: impl Fn(&Metrics) -> bool) -> Result<Metrics> {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + scaled(Duration::from_secs(10));
         loop {
             let metrics = self.metrics()?;
             if done(&metrics) {
@@ -258,14 +291,18 @@ impl<'a> Agent<'a> {
         let mut child = self.child.take().context("agent already stopped")?;
         // SAFETY: kill on our own child's pid.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + scaled(Duration::from_secs(10));
         loop {
             if let Some(status) = child.try_wait()? {
                 return Ok(status);
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                bail!("agent did not exit within 10 s of SIGTERM:\n{}", self.log_text());
+                bail!(
+                    "agent did not exit within {:?} of SIGTERM:\n{}",
+                    scaled(Duration::from_secs(10)),
+                    self.log_text()
+                );
             }
             thread::sleep(Duration::from_millis(50));
         }
@@ -411,7 +448,7 @@ impl Agent<'_> {
         keep: impl Fn(&str) -> bool,
         done: impl Fn(&[LifecycleEvent]) -> bool,
     ) -> Result<Vec<LifecycleEvent>> {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + scaled(Duration::from_secs(15));
         loop {
             let events = self.events(&keep)?;
             if done(&events) {
@@ -509,5 +546,18 @@ impl UdpStream {
 impl Drop for UdpStream {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions_parse_from_debian_and_upstream_releases() {
+        assert_eq!(parse_kernel_version("6.1.0-57-cloud-amd64\n"), Some((6, 1)));
+        assert_eq!(parse_kernel_version("6.12.117+deb12-cloud-amd64"), Some((6, 12)));
+        assert_eq!(parse_kernel_version("6.18.44-fc-v1045"), Some((6, 18)));
+        assert_eq!(parse_kernel_version("garbage"), None);
     }
 }

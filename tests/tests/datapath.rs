@@ -6,8 +6,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, ensure};
-use datapath_monitor_tests::{Agent, Metrics, Netns, Pod, TempDir, ifindex_of, require_root, settle, sh};
+use anyhow::{Context as _, Result, ensure};
+use datapath_monitor_tests::{
+    Agent, Metrics, Netns, Pod, TempDir, expected_tc_attach, ifindex_of, require_root, settle, sh,
+};
 
 const PAYLOAD: usize = 100;
 /// Ethernet (14) + IPv4 (20) + UDP (8) + payload: skb->len on a veth.
@@ -257,7 +259,8 @@ fn no_socket_drops(agent_args: &[&str], subnet: u8) -> Result<()> {
     let m = agent.metrics()?;
     assert_eq!(m.value("datapath_drops_total", &no_socket), 35.0, "{}", m.text);
     let (_, readyz) = agent.get("/readyz")?;
-    let expected = if agent_args.is_empty() { ["tcx", "tp_btf"] } else { ["clsact", "tracepoint"] };
+    // auto picks tcx where the kernel has it (>= 6.6) and falls back to clsact elsewhere.
+    let expected = if agent_args.is_empty() { [expected_tc_attach()?, "tp_btf"] } else { ["clsact", "tracepoint"] };
     for variant in expected {
         ensure!(readyz.contains(&format!("\"{variant}\"")), "{variant} not in /readyz: {readyz}");
     }
@@ -291,13 +294,29 @@ fn count_tcx_links() -> Result<usize> {
     Ok(links.as_array().into_iter().flatten().filter(|link| link["type"] == "tcx" || link["type"] == 11).count())
 }
 
+/// The agent's tc attachments as this kernel makes them: tcx links machine-wide, or (before
+/// 6.6) clsact filters running our programs on the interfaces of `ns`.
+fn count_tc_attachments(ns: &Netns) -> Result<usize> {
+    if expected_tc_attach()? == "tcx" {
+        return count_tcx_links();
+    }
+    let listing: serde_json::Value = serde_json::from_str(&ns.exec(&["bpftool", "-j", "net", "show"])?)?;
+    let filters = listing.as_array().into_iter().flatten().filter_map(|entry| entry["tc"].as_array()).flatten();
+    Ok(filters
+        .filter(|filter| {
+            filter["kind"].as_str().is_some_and(|kind| kind.starts_with("clsact/"))
+                && filter["name"].as_str().is_some_and(|name| name.starts_with("tc_"))
+        })
+        .count())
+}
+
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
 fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
     require_root();
     let programs_before = count_programs("tc_ingress")?;
-    let links_before = count_tcx_links()?;
     let host = Netns::new("dmth")?;
+    let links_before = count_tc_attachments(&host)?;
     let pods = Netns::new("dmtc")?;
     let mut agent = Agent::start(&host, &[])?;
     let base = agent.metrics()?.value("datapath_interfaces_attached", &[]);
@@ -338,7 +357,13 @@ fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
         agent.wait_metrics("all attached", |m| m.value("datapath_interfaces_attached", &[]) == base + pairs as f64)?;
     drop(m);
     assert_eq!(count_programs("tc_ingress")?, programs_before + 1, "one program, many links");
-    assert_eq!(count_tcx_links()?, links_before + 2 * (base as usize + pairs), "{}", sh(&["bpftool", "link", "show"])?);
+    assert_eq!(
+        count_tc_attachments(&host)?,
+        links_before + 2 * (base as usize + pairs),
+        "{}{}",
+        sh(&["bpftool", "link", "show"])?,
+        host.exec(&["bpftool", "net", "show"])?
+    );
 
     for name in &names {
         host.exec(&["ip", "link", "del", name])?;
@@ -356,7 +381,7 @@ fn veth_churn_attaches_each_and_leaves_nothing_behind() -> Result<()> {
         "programs leaked:\n{}",
         sh(&["bpftool", "prog", "show"])?
     );
-    assert_eq!(count_tcx_links()?, links_before, "links leaked:\n{}", sh(&["bpftool", "link", "show"])?);
+    assert_eq!(count_tc_attachments(&host)?, links_before, "links leaked:\n{}", sh(&["bpftool", "link", "show"])?);
     Ok(())
 }
 
@@ -403,5 +428,57 @@ fn metrics_are_valid_openmetrics_with_every_family() -> Result<()> {
     }
     let m = agent.metrics()?;
     ensure!(m.value("datapath_bpf_program_runs_total", &[("program", "tc_ingress")]) >= 3.0, "{body}");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn forcing_tcx_reports_the_tc_probe_as_this_kernel_supports_it_and_drops_still_count() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmth")?;
+    let pod = Pod::new(&host, 8)?;
+    let agent = Agent::start(&host, &["--tc-attach", "tcx"])?;
+    let tcx = expected_tc_attach()? == "tcx";
+    // Attached, the veth owns its drops; unattached (no tcx), they are counted under "other".
+    let drops_at = if tcx { pod.veth.as_str() } else { "other" };
+    let no_socket = [("interface", drops_at), ("reason", "NO_SOCKET")];
+    let before = agent.metrics()?.value("datapath_drops_total", &no_socket);
+
+    // The drop tracer does not depend on tc: it counts on every kernel.
+    send_udp(&pod.ns, addr(&pod.host_ip, 6001), 20)?;
+    agent.wait_metrics("host-side drops", |m| m.value("datapath_drops_total", &no_socket) >= before + 20.0)?;
+    settle();
+    let m = agent.metrics()?;
+    assert_eq!(m.value("datapath_drops_total", &no_socket), before + 20.0, "{}", m.text);
+    assert_eq!(m.value("datapath_probe_loaded", &[("probe", "kfree_skb")]), 1.0, "{}", m.text);
+
+    let readyz = agent.get_json("/readyz")?;
+    let interfaces = agent.get_json("/api/v1/interfaces")?;
+    let ours = interfaces
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|i| i["interface"] == pod.veth.as_str())
+        .with_context(|| format!("{} not in {interfaces}", pod.veth))?;
+    let ingress = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    if tcx {
+        ensure!(readyz["probes"]["probes"]["tc"] == "tcx", "{readyz}");
+        ensure!(ours["attach_mode"] == "tcx", "{ours}");
+        assert_eq!(m.value("datapath_probe_loaded", &[("probe", "tc")]), 1.0, "{}", m.text);
+        assert_eq!(m.value("datapath_packets_total", &ingress), 20.0, "{}", m.text);
+    } else {
+        // No tcx before 6.6 and no fallback allowed: reported and skipped, never a silent zero.
+        ensure!(readyz["probes"]["probes"]["tc"].is_null(), "{readyz}");
+        ensure!(readyz["probes"]["errors"]["tc"].as_str().is_some_and(|e| e.contains("tcx")), "{readyz}");
+        ensure!(ours["attach_mode"].is_null(), "{ours}");
+        ensure!(ours["attach_error"].as_str().is_some_and(|e| e.contains("tcx")), "{ours}");
+        assert_eq!(m.value("datapath_probe_loaded", &[("probe", "tc")]), 0.0, "{}", m.text);
+        ensure!(!m.has("datapath_packets_total", &ingress), "no packet series without a tc program:\n{}", m.text);
+        ensure!(
+            agent.log_text().lines().any(|l| l.contains("WARN") && l.contains("tc probe unsupported")),
+            "{}",
+            agent.log_text()
+        );
+    }
     Ok(())
 }

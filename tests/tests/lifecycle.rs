@@ -13,7 +13,8 @@ use std::{
 
 use anyhow::{Context as _, Result, ensure};
 use datapath_monitor_tests::{
-    Agent, LifecycleEvent, Netns, Pod, TempDir, agent_binary, kinds, require_root, settle, sh, unique,
+    Agent, LifecycleEvent, Netns, Pod, TempDir, agent_binary, expected_tc_attach, kinds, require_root, settle, sh,
+    unique,
 };
 
 const VALID_CONFLIST: &str =
@@ -385,7 +386,7 @@ fn pods_are_named_from_the_cni_cache_and_interfaces_report_events() -> Result<()
         .context("veth in /api/v1/interfaces")?;
     ensure!(ours["pod_namespace"] == "openshift-apiserver" && ours["pod"] == "apiserver-zg25k", "{ours}");
     ensure!(ours["ips"] == serde_json::json!(["10.77.1.2/30"]), "{ours}");
-    ensure!(ours["attach_mode"] == "tcx", "{ours}");
+    ensure!(ours["attach_mode"] == expected_tc_attach()?, "{ours}");
     ensure!(ours["peer"]["netns"] == pod.ns.inode()?, "{ours}");
     ensure!(ours["ifindex"].as_u64().is_some_and(|i| i > 0), "{ours}");
 

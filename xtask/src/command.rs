@@ -65,7 +65,7 @@ pub fn display(cmd: &Command) -> String {
 }
 
 /// `word` unchanged when the shell would keep it as is, single-quoted otherwise.
-fn shell_quote(word: &str) -> String {
+pub fn shell_quote(word: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%^".contains(c);
     if !word.is_empty() && word.chars().all(plain) {
         word.to_owned()

@@ -8,6 +8,7 @@ mod lab;
 mod run;
 mod setup;
 mod test;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -37,6 +38,9 @@ enum Task {
     Run {
         #[arg(long)]
         release: bool,
+        /// Run it in a test VM with this kernel instead (6.1, 6.12 or host).
+        #[arg(long, value_name = "KERNEL")]
+        vm: Option<String>,
         /// Arguments for `datapath-monitor run`.
         #[arg(last = true)]
         args: Vec<String>,
@@ -57,6 +61,16 @@ enum Task {
         #[arg(long)]
         only: Option<String>,
     },
+    /// Boot a test VM (Debian kernel under QEMU, the host's root as its userland) and run a
+    /// command in it, by default the agent; exits with the command's status.
+    Vm {
+        /// 6.1, 6.12 or host.
+        #[arg(long)]
+        kernel: String,
+        /// The command to run in the guest.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
     /// fmt, clippy (host and eBPF), unit tests, then privileged end-to-end tests.
     Test {
         /// Only fmt, clippy and unit tests.
@@ -65,6 +79,10 @@ enum Task {
         /// Only the agent build and the privileged end-to-end tests.
         #[arg(long)]
         e2e: bool,
+        /// Run the end-to-end tests in test VMs of these kernels only (e.g. 6.1,6.12 or host);
+        /// without it, the 6.1 and 6.12 guests run after the host's end-to-end tests.
+        #[arg(long, value_name = "LIST", conflicts_with = "unit")]
+        kernels: Option<String>,
         /// Test-name filter for the end-to-end tests.
         #[arg(last = true, conflicts_with = "unit")]
         filter: Vec<String>,
@@ -87,7 +105,8 @@ fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Setup { check } => setup::setup(check),
         Task::Build { release } => build::build(release).map(|_agent| ()),
-        Task::Run { release, args } => run::run(release, &args),
+        Task::Run { release, vm: None, args } => run::run(release, &args),
+        Task::Run { release, vm: Some(kernel), args } => vm::run_agent(&kernel, release, &args),
         Task::Lab { action } => lab::lab(match action {
             LabCommand::Up => lab::LabAction::Up,
             LabCommand::Status => lab::LabAction::Status,
@@ -96,7 +115,13 @@ fn main() -> ExitCode {
         }),
         Task::Demo => lab::demo(),
         Task::Bench { quick, only } => bench::bench(quick, only.as_deref()),
-        Task::Test { unit, e2e, filter } => test::test(test::Selection { unit: !e2e, e2e: !unit }, &filter),
+        Task::Vm { kernel, command } => vm::vm(&kernel, &command),
+        Task::Test { unit, e2e, kernels, filter } => match kernels {
+            None => test::test(test::Selection { unit: !e2e, e2e: !unit, kernels: None }, &filter),
+            Some(list) => vm::Kernel::parse_list(&list).and_then(|kernels| {
+                test::test(test::Selection { unit: false, e2e: false, kernels: Some(kernels) }, &filter)
+            }),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -47,6 +47,14 @@ const APT_PACKAGES: &[&str] = &[
     "python3-venv",
     // `cargo xtask bench`: TCP and UDP throughput.
     "iperf3",
+    // Test VMs (cargo xtask vm, test --kernels): QEMU and virtiofsd, the initramfs's busybox,
+    // cpio, depmod and module decompression.
+    "qemu-system-x86",
+    "busybox-static",
+    "cpio",
+    "kmod",
+    "xz-utils",
+    "zstd",
 ];
 
 /// In install order: bpf-linker builds against the LLVM the apt step installs.

@@ -15,6 +15,7 @@ use crate::{
     build,
     command::{self, Workspace},
     setup,
+    vm::{self, Kernel},
 };
 
 /// Only for the bpf target; the agent's build.rs builds it, step "clippy (eBPF)" lints it.
@@ -30,11 +31,13 @@ const LAB_BIN_VAR: &str = "DM_LAB_BIN";
 pub struct Selection {
     pub unit: bool,
     pub e2e: bool,
+    /// Test VMs to run the end-to-end tests in; None: the default matrix after the host's.
+    pub kernels: Option<Vec<Kernel>>,
 }
 
 /// `cargo xtask test [--unit | --e2e] [-- FILTER]`.
 pub fn test(selection: Selection, filter: &[String]) -> anyhow::Result<()> {
-    let Selection { unit, e2e } = selection;
+    let Selection { unit, e2e, kernels } = selection;
     setup::ensure_ready()?;
     let workspace = Workspace::locate()?;
     let mut report = Report::default();
@@ -45,14 +48,18 @@ pub fn test(selection: Selection, filter: &[String]) -> anyhow::Result<()> {
         report.step("unit tests", || unit_tests(&workspace))?;
         report.step("deploy manifests and alert rules", || deploy_checks(&workspace))?;
     }
-    if e2e {
+    if e2e || kernels.is_some() {
         let mut binaries = None;
         report.step("build agent and lab", || {
             binaries = Some((build::build_agent(&workspace, false)?, build::build_lab(&workspace)?));
             Ok(Outcome::Passed)
         })?;
         let (agent, lab) = binaries.context("the build step returned no binaries")?;
-        report.step("end-to-end tests", || end_to_end_tests(&workspace, &agent, &lab, filter))?;
+        if e2e {
+            report.step("end-to-end tests", || end_to_end_tests(&workspace, &agent, &lab, filter))?;
+        }
+        let kernels = kernels.unwrap_or_else(|| Kernel::DEFAULT_MATRIX.to_vec());
+        report.step("end-to-end tests (VMs)", || vm_tests(&workspace, &kernels, &lab, filter))?;
     }
     report.finish();
     Ok(())
@@ -150,6 +157,18 @@ fn end_to_end_tests(workspace: &Workspace, agent: &Path, lab: &Path, filter: &[S
             .args(filter);
         command::run(&mut test)?;
     }
+    Ok(Outcome::Passed)
+}
+
+/// The end-to-end suites in a guest of each kernel (software emulation: several minutes each).
+fn vm_tests(workspace: &Workspace, kernels: &[Kernel], lab: &Path, filter: &[String]) -> anyhow::Result<Outcome> {
+    if !command::is_root() {
+        if running_in_ci() {
+            bail!("test VMs need root (virtiofsd, the guests' privileged tests); CI never skips them");
+        }
+        return Ok(Outcome::Skipped("test VMs need root (run sudo -E cargo xtask test)".to_owned()));
+    }
+    vm::test_kernels(workspace, kernels, lab, filter)?;
     Ok(Outcome::Passed)
 }
 

@@ -330,6 +330,15 @@ impl Datapath {
                     return Ok(link);
                 }
                 Err(error) if self.tc_mode_forced => {
+                    // Nothing attached through tcx yet: this kernel has no tcx (before 6.6), so the
+                    // tc probe is unsupported, not "loaded" (--tc-attach tcx forbids the fallback).
+                    if self.attached.is_empty() && !self.probes.errors.contains_key("tc") {
+                        warn!(interface, %error, "tc probe unsupported: tcx attach failed and --tc-attach tcx forbids clsact");
+                        self.probes.probes.insert("tc", None);
+                        self.probes
+                            .errors
+                            .insert("tc", format!("tcx attach failed ({error}); --tc-attach tcx forbids clsact"));
+                    }
                     return Err(DatapathError::Attach {
                         interface: interface.to_string(),
                         tcx: error.to_string(),

@@ -1,0 +1,426 @@
+//! Test VMs: `cargo xtask vm`, `cargo xtask run --vm` and the kernel matrix of `cargo xtask
+//! test`. A guest boots a Debian kernel of the chosen series under QEMU with the host's root
+//! as its (read-only, RAM-overlaid) userland, so the workspace's built binaries, ip, iptables
+//! and OVS's tools are all there at the same paths.
+
+mod guest;
+mod kernel;
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+pub use self::kernel::Kernel;
+use crate::{
+    build,
+    command::{self, Workspace},
+    setup,
+};
+
+/// Where the agent listens in a guest started by `vm` or `run --vm`; forwarded to the host.
+const GUEST_AGENT_PORT: u16 = 9781;
+/// Guest CPU work runs 4–15× slower than on the host (software emulation): the end-to-end
+/// harness stretches its waits by this factor, never its assertions.
+const TIME_SCALE: u32 = 6;
+/// One kernel's whole end-to-end run, boot included, must fit in this.
+const TEST_TIMEOUT: Duration = Duration::from_secs(40 * 60);
+
+/// What the apt packages of setup must provide for test VMs, or why not.
+pub fn missing_tools() -> Vec<String> {
+    guest::missing_tools()
+}
+
+/// `cargo xtask vm --kernel K [-- CMD...]`: CMD (default: the agent) in a guest; exits with
+/// CMD's status.
+pub fn vm(kernel: &str, command: &[String]) -> anyhow::Result<()> {
+    if command.is_empty() {
+        return run_agent(kernel, false, &[]);
+    }
+    let kernel = Kernel::parse(kernel)?;
+    setup::ensure_ready()?;
+    let workspace = Workspace::locate()?;
+    let prepared = kernel::prepare(kernel)?;
+    let script = command.iter().map(|word| command::shell_quote(word)).collect::<Vec<_>>().join(" ");
+    let job = guest::Job {
+        script: format!("exec {script}\n"),
+        workdir: std::env::current_dir().unwrap_or(workspace.root),
+        forward_ports: Vec::new(),
+        timeout: None,
+        console_log: None,
+    };
+    exit_with(guest::run(&prepared, &job)?.status)
+}
+
+/// `cargo xtask run --vm K [-- ARGS]`: the agent in a guest, its API forwarded to the host's
+/// 127.0.0.1:9781, so `datapath-monitor status` on the host watches the guest's kernel.
+pub fn run_agent(kernel: &str, release: bool, args: &[String]) -> anyhow::Result<()> {
+    let kernel = Kernel::parse(kernel)?;
+    let agent = build::build(release)?;
+    let workspace = Workspace::locate()?;
+    let prepared = kernel::prepare(kernel)?;
+    let mut words = vec![agent.to_str().context("agent path")?.to_owned(), "run".to_owned()];
+    if !args.iter().any(|arg| arg == "--listen" || arg.starts_with("--listen=")) {
+        words.extend(["--listen".to_owned(), format!("0.0.0.0:{GUEST_AGENT_PORT}")]);
+    }
+    words.extend(args.iter().cloned());
+    let line = words.iter().map(|word| command::shell_quote(word)).collect::<Vec<_>>().join(" ");
+    println!(
+        "==> the agent in a Linux {} guest; from this host: `datapath-monitor status --server http://127.0.0.1:{GUEST_AGENT_PORT}` \
+         (Ctrl-C stops the guest)",
+        kernel.name()
+    );
+    let job = guest::Job {
+        script: format!("exec {line}\n"),
+        workdir: workspace.root,
+        forward_ports: vec![GUEST_AGENT_PORT],
+        timeout: None,
+        console_log: None,
+    };
+    exit_with(guest::run(&prepared, &job)?.status)
+}
+
+fn exit_with(status: i32) -> anyhow::Result<()> {
+    if status == 0 {
+        return Ok(());
+    }
+    eprintln!("the guest's command exited with status {status}");
+    std::process::exit(status.clamp(1, 255));
+}
+
+/// The end-to-end suites a guest runs: (cargo package, test target), the agent library's
+/// privileged tests first.
+const GUEST_SUITES: &[(&str, &str)] = &[
+    ("datapath-monitor", "datapath_monitor"),
+    ("datapath-monitor-tests", "datapath"),
+    ("datapath-monitor-tests", "lifecycle"),
+    ("datapath-monitor-tests", "incidents"),
+];
+
+/// What one kernel's guest run found.
+pub struct KernelReport {
+    pub kernel: Kernel,
+    pub release: String,
+    pub boot_seconds: Option<f64>,
+    pub elapsed: Duration,
+    pub passed: u32,
+    pub failed: u32,
+    pub failures: Vec<String>,
+    /// The probes' variants as the agent reported them in /readyz, e.g. `tc: clsact`.
+    pub probes: Vec<(String, String)>,
+    /// (suite, passed, failed, seconds of its tests).
+    pub suites: Vec<(String, u32, u32, f64)>,
+    /// (test, seconds), as the guest timed each test's process.
+    pub tests: Vec<(String, f64)>,
+    pub status: i32,
+}
+
+/// Builds the end-to-end test binaries and runs them in a guest of each kernel, all kernels
+/// even when one fails; prints the per-kernel summary; fails if any kernel failed.
+pub fn test_kernels(
+    workspace: &Workspace,
+    kernels: &[Kernel],
+    lab: &Path,
+    filter: &[String],
+) -> anyhow::Result<Vec<KernelReport>> {
+    let missing = missing_tools();
+    if !missing.is_empty() {
+        bail!("missing for test VMs: {} (run `cargo xtask setup`)", missing.join(", "));
+    }
+    // The release build, as users run it: under emulation the debug build takes 19 s to be
+    // ready (BTF parsing), the release build 3 s, and the tests start the agent 20 times.
+    let agent = build::build_agent(workspace, true)?;
+    let agent = agent.as_path();
+    let binaries = build_test_binaries(workspace)?;
+    let logs = workspace.target_dir.join("vm-logs");
+    fs::create_dir_all(&logs)?;
+    let mut reports = Vec::new();
+    for &kernel in kernels {
+        println!("==> end-to-end tests in a Linux {} guest", kernel.name());
+        let started = Instant::now();
+        let prepared = kernel::prepare(kernel)?;
+        let job = guest::Job {
+            script: test_script(&binaries, agent, lab, filter),
+            workdir: workspace.root.clone(),
+            forward_ports: Vec::new(),
+            timeout: Some(TEST_TIMEOUT),
+            console_log: Some(logs.join(format!("{}.log", kernel.name()))),
+        };
+        let report = match guest::run(&prepared, &job) {
+            Ok(outcome) => KernelReport::read(kernel, &prepared.release, &outcome, started.elapsed()),
+            Err(error) => {
+                println!("error: Linux {} guest: {error:#}", kernel.name());
+                KernelReport {
+                    kernel,
+                    release: prepared.release.clone(),
+                    boot_seconds: None,
+                    elapsed: started.elapsed(),
+                    passed: 0,
+                    failed: 0,
+                    failures: vec![format!("guest: {error}")],
+                    probes: Vec::new(),
+                    suites: Vec::new(),
+                    tests: Vec::new(),
+                    status: -1,
+                }
+            }
+        };
+        reports.push(report);
+    }
+    println!("\n{}", summary(&reports));
+    println!("console logs: {}", logs.display());
+    let failed: Vec<&str> = reports.iter().filter(|report| report.status != 0).map(|r| r.kernel.name()).collect();
+    if !failed.is_empty() {
+        bail!("end-to-end tests failed in the Linux {} guest(s)", failed.join(", "));
+    }
+    Ok(reports)
+}
+
+/// `cargo test --no-run` for the guest suites; their executables in [`GUEST_SUITES`] order.
+fn build_test_binaries(workspace: &Workspace) -> anyhow::Result<Vec<PathBuf>> {
+    let mut cargo = command::cargo();
+    cargo.current_dir(&workspace.root).args(["test", "--no-run", "--message-format=json-render-diagnostics"]);
+    for package in GUEST_SUITES.iter().map(|(package, _)| *package).collect::<std::collections::BTreeSet<_>>() {
+        cargo.args(["--package", package]);
+    }
+    println!("$ {}", command::display(&cargo));
+    let output = command::stdout(&mut cargo).context("building the end-to-end test binaries")?;
+    let mut found = Vec::new();
+    for (package, target) in GUEST_SUITES {
+        let executable = output.lines().find_map(|line| {
+            let message: serde_json::Value = serde_json::from_str(line).ok()?;
+            let package_matches = message["package_id"].as_str().is_some_and(|id| {
+                id.contains(&format!("#{package}@"))
+                    || id.contains(&format!("/{package}#"))
+                    || id.contains(&format!("{package} "))
+            });
+            (message["reason"] == "compiler-artifact"
+                && message["profile"]["test"] == true
+                && message["target"]["name"] == *target
+                && package_matches)
+                .then(|| message["executable"].as_str().map(PathBuf::from))
+                .flatten()
+        });
+        found.push(executable.with_context(|| format!("cargo built no test executable {package}/{target}"))?);
+    }
+    Ok(found)
+}
+
+/// The guest's job: a probe report from the agent, then each suite, one test at a time.
+fn test_script(binaries: &[PathBuf], agent: &Path, lab: &Path, filter: &[String]) -> String {
+    let quote = |path: &Path| command::shell_quote(&path.to_string_lossy());
+    let mut script = String::new();
+    let ci = std::env::var("CI").unwrap_or_default();
+    let _ = writeln!(script, "export DATAPATH_MONITOR_BIN={} DM_LAB_BIN={}", quote(agent), quote(lab));
+    let _ = writeln!(script, "export DM_TEST_TIME_SCALE={TIME_SCALE} CI={}", command::shell_quote(&ci));
+    let _ = writeln!(script, "export RUST_BACKTRACE=1");
+    script.push_str(PROBE_REPORT);
+    script.push_str("failed=0\n");
+    let filter: String = filter.iter().map(|word| format!(" {}", command::shell_quote(word))).collect();
+    // One test per process, timed: the summary shows where a slow guest spends its time.
+    script.push_str("TIMEFORMAT='DM-VM-TIME: %R'\n");
+    for (binary, (_, suite)) in binaries.iter().zip(GUEST_SUITES) {
+        let binary = quote(binary);
+        let _ = writeln!(script, "echo 'DM-VM-SUITE: {suite}'");
+        let _ = writeln!(
+            script,
+            "for test in $({binary} --ignored --list --format=terse{filter} | sed -n 's/: test$//p'); do\n    \
+             echo \"DM-VM-TEST: $test\"\n    \
+             time {binary} --ignored --exact --color=never \"$test\" || failed=1\n\
+             done"
+        );
+    }
+    script.push_str("exit $failed\n");
+    script
+}
+
+/// Starts the agent once with a pod veth present and prints its /readyz probes on one line.
+const PROBE_REPORT: &str = r#"
+ip netns add dmvm-probe
+ip link add vethdmvm0001 type veth peer name eth0 netns dmvm-probe
+ip link set vethdmvm0001 up
+"$DATAPATH_MONITOR_BIN" run --listen 127.0.0.1:9799 --state-dir /tmp/dmvm-probe >/tmp/dmvm-probe.log 2>&1 &
+agent=$!
+readyz=""
+for _ in $(seq 1 240); do
+    readyz=$(curl -sf http://127.0.0.1:9799/readyz) && break
+    sleep 0.5
+done
+echo "DM-VM-PROBES: $readyz"
+kill -TERM $agent; wait $agent
+grep -E 'WARN|ERROR' /tmp/dmvm-probe.log | sed 's/^/agent log: /'
+ip link del vethdmvm0001
+ip netns del dmvm-probe
+"#;
+
+impl KernelReport {
+    fn read(kernel: Kernel, release: &str, outcome: &guest::Outcome, elapsed: Duration) -> Self {
+        let mut report = Self {
+            kernel,
+            release: release.to_owned(),
+            boot_seconds: outcome.boot_seconds,
+            elapsed,
+            passed: 0,
+            failed: 0,
+            failures: Vec::new(),
+            probes: Vec::new(),
+            suites: Vec::new(),
+            tests: Vec::new(),
+            status: outcome.status,
+        };
+        let mut test = String::new();
+        for line in outcome.console.lines() {
+            let line = without_colors(line);
+            let line = line.as_str();
+            if let Some(name) = line.strip_prefix("DM-VM-SUITE: ") {
+                report.suites.push((name.to_owned(), 0, 0, 0.0));
+            } else if let Some(name) = line.strip_prefix("DM-VM-TEST: ") {
+                test = name.to_owned();
+            } else if let Some(seconds) = line.strip_prefix("DM-VM-TIME: ") {
+                let seconds = seconds.trim().parse().unwrap_or(f64::NAN);
+                report.tests.push((test.clone(), seconds));
+                if let Some(suite) = report.suites.last_mut() {
+                    suite.3 += seconds;
+                }
+            } else if let Some(counts) = line.strip_prefix("test result: ") {
+                let (passed, failed) = (count_before(counts, " passed"), count_before(counts, " failed"));
+                report.passed += passed;
+                report.failed += failed;
+                if let Some(suite) = report.suites.last_mut() {
+                    suite.1 += passed;
+                    suite.2 += failed;
+                }
+            } else if let Some(name) = line.strip_prefix("test ").and_then(|rest| rest.strip_suffix(" ... FAILED")) {
+                report.failures.push(name.to_owned());
+            } else if let Some(json) = line.strip_prefix("DM-VM-PROBES: ") {
+                report.probes = probe_variants(json);
+            }
+        }
+        report
+    }
+}
+
+/// `line` without ANSI color sequences (libtest colors its results even on a serial console).
+fn without_colors(line: &str) -> String {
+    let mut text = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters, then one final byte in @..~.
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) && c != '[' {
+                    break;
+                }
+            }
+        } else if !c.is_control() {
+            text.push(c);
+        }
+    }
+    text
+}
+
+/// `N` in `...; N passed; ...`.
+fn count_before(counts: &str, label: &str) -> u32 {
+    counts
+        .split(';')
+        .find_map(|part| {
+            part.trim().trim_start_matches("ok. ").trim_start_matches("FAILED. ").strip_suffix(label.trim_start())
+        })
+        .and_then(|number| number.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `{"probes":{"probes":{"tc":"clsact",...},"errors":{...}}}` → `[("tc", "clsact"), ...]`;
+/// an unsupported probe reads `unsupported: <why>`.
+fn probe_variants(readyz: &str) -> Vec<(String, String)> {
+    let Ok(body) = serde_json::from_str::<serde_json::Value>(readyz) else {
+        return vec![("readyz".to_owned(), format!("no answer ({readyz:?})"))];
+    };
+    let report = &body["probes"];
+    let Some(probes) = report["probes"].as_object() else { return Vec::new() };
+    probes
+        .iter()
+        .map(|(probe, variant)| {
+            let variant = match variant.as_str() {
+                Some(variant) => variant.to_owned(),
+                None => format!("unsupported: {}", report["errors"][probe].as_str().unwrap_or("?")),
+            };
+            (probe.clone(), variant)
+        })
+        .collect()
+}
+
+/// The per-kernel table printed at the end of a matrix run.
+pub fn summary(reports: &[KernelReport]) -> String {
+    let mut text = String::from("kernel matrix:\n");
+    let _ = writeln!(
+        text,
+        "  {:<6} {:<28} {:>6} {:>7} {:>7} {:>8}  probes",
+        "kernel", "release", "boot", "passed", "failed", "total"
+    );
+    for report in reports {
+        let probes = report.probes.iter().map(|(probe, variant)| format!("{probe}={variant}")).collect::<Vec<_>>();
+        let _ = writeln!(
+            text,
+            "  {:<6} {:<28} {:>6} {:>7} {:>7} {:>7.0}s  {}",
+            report.kernel.name(),
+            report.release,
+            report.boot_seconds.map_or_else(|| "-".to_owned(), |seconds| format!("{seconds:.1}s")),
+            report.passed,
+            report.failed,
+            report.elapsed.as_secs_f64(),
+            probes.join(" ")
+        );
+        for (suite, passed, failed, seconds) in &report.suites {
+            let _ = writeln!(text, "         {suite:<18} {passed:>3} passed {failed:>3} failed {seconds:>7.1}s");
+        }
+        let mut slowest = report.tests.clone();
+        slowest.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let slowest: Vec<String> =
+            slowest.iter().take(3).map(|(test, seconds)| format!("{test} {seconds:.0}s")).collect();
+        if !slowest.is_empty() {
+            let _ = writeln!(text, "         slowest: {}", slowest.join(", "));
+        }
+        for failure in &report.failures {
+            let _ = writeln!(text, "         FAILED {failure}");
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libtest_counts_are_read() {
+        let line = "ok. 12 passed; 1 failed; 0 ignored; 0 measured; 40 filtered out; finished in 1.20s";
+        assert_eq!(count_before(line, " passed"), 12);
+        assert_eq!(count_before(line, " failed"), 1);
+        assert_eq!(count_before("FAILED. 3 passed; 2 failed; 0 ignored", " passed"), 3);
+    }
+
+    #[test]
+    fn colors_are_stripped() {
+        assert_eq!(without_colors("test result: \x1b[31mFAILED\x1b[m. 3 passed"), "test result: FAILED. 3 passed");
+        assert_eq!(without_colors("\x1b[32mok\x1b[m\x0f. 4 passed"), "ok. 4 passed");
+        assert_eq!(without_colors("plain"), "plain");
+    }
+
+    #[test]
+    fn probe_variants_are_read_from_readyz() {
+        let body = r#"{"ready":true,"interfaces_attached":1,"probes":{"probes":{"kfree_skb":"tp_btf","sched_process":null,"tc":"clsact"},"errors":{"sched_process":"no BTF"}}}"#;
+        assert_eq!(
+            probe_variants(body),
+            [
+                ("kfree_skb".to_owned(), "tp_btf".to_owned()),
+                ("sched_process".to_owned(), "unsupported: no BTF".to_owned()),
+                ("tc".to_owned(), "clsact".to_owned())
+            ]
+        );
+    }
+}
