@@ -1069,18 +1069,23 @@ mod netns_tests {
 
     /// The Added event for `name`, followed by the Changed event that resolves its peer
     /// netns when the lookup had to wait for the rescan rate limit. Changed events of other
-    /// links before it are skipped: the kernel's linkwatch reports an operstate change up to
+    /// links before either are skipped: the kernel's linkwatch reports an operstate change up to
     /// a second late, on a slow machine (a test VM) after the test's next step.
     async fn added_with_peer_netns(events: &mut mpsc::Receiver<LinkEvent>, name: &str) -> LinkFacts {
+        let link = added(next_event_of(events, name).await, name);
+        if link.peer.as_ref().and_then(|peer| peer.netns_inode).is_some() {
+            return link;
+        }
+        changed(next_event_of(events, name).await, name)
+    }
+
+    /// The next event, skipping late Changed events of links other than `name`.
+    async fn next_event_of(events: &mut mpsc::Receiver<LinkEvent>, name: &str) -> LinkEvent {
         let mut event = next_event(events).await;
         while matches!(&event, LinkEvent::Changed(link) if link.name != name) {
             event = next_event(events).await;
         }
-        let link = added(event, name);
-        if link.peer.as_ref().and_then(|peer| peer.netns_inode).is_some() {
-            return link;
-        }
-        changed(next_event(events).await, name)
+        event
     }
 
     /// Runs `body` on a thread inside `netns`, with its own runtime: netlink sockets belong
