@@ -504,8 +504,10 @@ impl Datapath {
             }
         }
         // Without statistics the kernel counts nothing: no series rather than zeros.
-        let programs = self.ebpf.programs().filter(|_| self.stats.is_some());
-        for (name, program) in programs {
+        if self.stats.is_none() {
+            return counters;
+        }
+        for (name, program) in self.ebpf.programs() {
             let Some(program_name) = known_program(name) else { continue };
             if let Ok(info) = program.info() {
                 counters.programs.push(ProgramRunStats {
