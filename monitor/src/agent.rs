@@ -13,20 +13,27 @@ use tokio::{signal::unix, sync::mpsc, task::JoinHandle};
 use tracing::{info, warn};
 
 use crate::{
-    api::{self, ApiState},
-    cni,
     config::Config,
     datapath::{Datapath, mounts},
-    incident::Incident,
-    incident_store::IncidentStore,
-    incidents::{self, IncidentCollector, IncidentEngine, IncidentUpdate, SharedEngine},
-    interfaces::{self, InterfaceFilter, LinkEvent},
-    lifecycle::{Lifecycle, LifecycleCollector},
-    metrics::{Metrics, SharedSample},
-    pods::{self, SharedPods},
-    processes,
-    sampler::{Sample, Sampler},
-    timeline::{Event, Stamp, Timeline},
+    export::{
+        api::{self, ApiState},
+        metrics::{Metrics, SharedSample},
+    },
+    incidents::{
+        engine::{self as incidents, IncidentCollector, IncidentEngine, IncidentUpdate, SharedEngine},
+        record::Incident,
+        store::IncidentStore,
+    },
+    lifecycle::{
+        Lifecycle, LifecycleCollector, cni,
+        pods::{self, SharedPods},
+        processes,
+        timeline::{Event, Stamp, Timeline},
+    },
+    sampling::{
+        link_watch::{self as interfaces, InterfaceFilter, LinkEvent},
+        sampler::{Sample, Sampler},
+    },
 };
 
 pub async fn run(config: Config) -> anyhow::Result<()> {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     datapath::{DatapathOptions, DropTracerChoice, TcAttachChoice},
-    interfaces::InterfaceFilter,
+    sampling::link_watch::InterfaceFilter,
 };
 
 #[derive(Debug, Parser)]
@@ -354,8 +354,8 @@ impl Config {
         toml::to_string(self)
     }
 
-    pub fn engine_config(&self) -> crate::incidents::EngineConfig {
-        crate::incidents::EngineConfig {
+    pub fn engine_config(&self) -> crate::incidents::engine::EngineConfig {
+        crate::incidents::engine::EngineConfig {
             floor: self.incident_floor,
             quiet: Duration::from_millis(self.incident_quiet_ms),
             silence: Duration::from_millis(self.incident_silence_ms),

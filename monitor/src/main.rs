@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use datapath_monitor::{
-    agent, client,
+    agent, cli,
     config::{Cli, Command, Config, LogFormat},
 };
 use tracing_subscriber::EnvFilter;
@@ -39,8 +39,8 @@ fn main() -> ExitCode {
             }
             Err(error) => Err(error.into()),
         },
-        Command::Status { server } => client::status(&server).map(|text| print!("{text}")),
-        Command::Incidents { server, json } => client::incidents(&server, json).map(|text| print!("{text}")),
+        Command::Status { server } => cli::status(&server).map(|text| print!("{text}")),
+        Command::Incidents { server, json } => cli::incidents(&server, json).map(|text| print!("{text}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,7 +4,7 @@
 
 pub mod kernel_layout;
 pub mod mounts;
-pub mod processes_probe;
+pub mod process_probe;
 
 use std::{collections::BTreeMap, os::fd::OwnedFd};
 
@@ -29,7 +29,7 @@ use tracing::{debug, info, warn};
 
 use self::{
     kernel_layout::{KernelLayout, read_kfree_skb_format},
-    processes_probe::ProcessTracerOffsets,
+    process_probe::ProcessTracerOffsets,
 };
 
 /// The kernel programs, built by build.rs from monitor-ebpf.

@@ -27,9 +27,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use tracing::{info, warn};
 
 use crate::{
-    incident::{Cause, Incident, IncidentInterface, IncidentTotals},
-    sampler::InterfaceSeries,
-    timeline::{Event, EventKind, Stamp, Timeline, rfc3339},
+    incidents::record::{Cause, Incident, IncidentInterface, IncidentTotals},
+    lifecycle::timeline::{Event, EventKind, Stamp, Timeline, rfc3339},
+    sampling::sampler::InterfaceSeries,
 };
 
 const SECOND_NS: u64 = 1_000_000_000;
@@ -1198,7 +1198,7 @@ impl std::fmt::Debug for IncidentCollector {
 
 impl prometheus_client::collector::Collector for IncidentCollector {
     fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        use crate::metrics::{Labels, counter, family, gauge};
+        use crate::export::metrics::{Labels, counter, family, gauge};
         let (opened, active, durations) = {
             let engine = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             (engine.opened_by_cause().clone(), engine.active(), engine.durations().clone())

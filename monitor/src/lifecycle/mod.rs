@@ -1,17 +1,26 @@
 //! The node's plumbing state, in one place: CNI config dirs, SDN processes and the CNI
 //! result cache. Serves `/api/v1/lifecycle` and the lifecycle metric families.
 
+pub mod cni;
+pub mod dirwatch;
+pub mod files;
+pub mod pods;
+pub mod processes;
+pub mod timeline;
+
 use std::{path::PathBuf, sync::Arc};
 
 use prometheus_client::{collector::Collector, encoding::DescriptorEncoder};
 use serde::Serialize;
 
 use crate::{
-    cni::{CniSnapshot, CniWatcher},
-    metrics::{Labels, counter, gauge},
-    pods::{PodIndex, SharedPods},
-    processes::{ProcessState, ProcessWatcher},
-    timeline::Timeline,
+    export::metrics::{Labels, counter, gauge},
+    lifecycle::{
+        cni::{CniSnapshot, CniWatcher},
+        pods::{PodIndex, SharedPods},
+        processes::{ProcessState, ProcessWatcher},
+        timeline::Timeline,
+    },
 };
 
 /// Handles on every lifecycle source; cheap to share.
@@ -79,7 +88,7 @@ impl Collector for LifecycleCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let cni = self.0.cni.snapshot();
         let processes = self.0.processes.snapshot();
-        let dirs: Vec<(String, &crate::cni::CniDirSnapshot)> =
+        let dirs: Vec<(String, &crate::lifecycle::cni::CniDirSnapshot)> =
             cni.dirs.iter().filter(|d| d.seen).map(|d| (d.dir.display().to_string(), d)).collect();
         gauge(
             &mut encoder,

@@ -1,7 +1,7 @@
 //! SDN process lifecycle: which watched processes (by kernel comm name) run, and when they
 //! start, exit and restart.
 //!
-//! The kernel's process tracer (`datapath::processes_probe`) reports every exec of a watched
+//! The kernel's process tracer (`datapath::process_probe`) reports every exec of a watched
 //! name and every whole-process exit through a ring buffer; this module turns those reports
 //! into state (running pids per name, counters) and timeline events:
 //!
@@ -34,8 +34,8 @@ use tokio::{
 use tracing::{debug, warn};
 
 use crate::{
-    datapath::processes_probe::{ProcessProbe, comm_name},
-    timeline::{Event, EventKind, Stamp, Timeline, monotonic_ns, rfc3339},
+    datapath::process_probe::{ProcessProbe, comm_name},
+    lifecycle::timeline::{Event, EventKind, Stamp, Timeline, monotonic_ns, rfc3339},
 };
 
 /// Where processes are listed.

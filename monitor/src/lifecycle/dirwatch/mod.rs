@@ -63,7 +63,7 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use crate::timeline::Stamp;
+use crate::lifecycle::timeline::Stamp;
 
 /// Changes queued for the consumer before the queue is collapsed into one rescan per dir.
 pub const MAX_QUEUED: usize = 16 * 1024;

@@ -20,11 +20,13 @@ use tokio::net::TcpListener;
 
 use crate::{
     datapath::ProbeReport,
-    incidents::SharedEngine,
-    lifecycle::Lifecycle,
-    metrics::Metrics,
-    sampler::{Sampler, WatchedInterface},
-    timeline::{Timeline, parse_rfc3339},
+    export::metrics::Metrics,
+    incidents::engine::SharedEngine,
+    lifecycle::{
+        Lifecycle,
+        timeline::{Timeline, parse_rfc3339},
+    },
+    sampling::sampler::{Sampler, WatchedInterface},
 };
 
 pub struct ApiState {

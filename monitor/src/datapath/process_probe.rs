@@ -266,7 +266,7 @@ print fmt: \"comm=%s pid=%d prio=%d group_dead=%s\", REC->comm, REC->pid, REC->p
 
     #[test]
     fn offsets_resolve_on_the_running_kernel() {
-        let path = std::path::Path::new(super::super::kernel_layout::VMLINUX_BTF);
+        let path = std::path::Path::new(crate::datapath::kernel_layout::VMLINUX_BTF);
         if !path.exists() {
             eprintln!("no BTF: skipped");
             return;

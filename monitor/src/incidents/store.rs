@@ -18,7 +18,7 @@ use std::{
 use anyhow::Context as _;
 use tracing::warn;
 
-use crate::incident::Incident;
+use crate::incidents::record::Incident;
 
 /// The file name of the current history file inside the state dir.
 pub const FILE_NAME: &str = "incidents.jsonl";
@@ -205,7 +205,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        incident::{Cause, IncidentInterface, IncidentTotals},
+        incidents::record::{Cause, IncidentInterface, IncidentTotals},
         test_support::TempDir,
     };
 

@@ -12,7 +12,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::sampler::{OTHER_INTERFACE, Sample, map_error_name};
+use crate::sampling::sampler::{OTHER_INTERFACE, Sample, map_error_name};
 
 /// The latest sample, shared between the sampler (writer) and scrapes (readers).
 pub type SharedSample = Arc<RwLock<Arc<Sample>>>;
@@ -93,7 +93,7 @@ impl Collector for SampleCollector {
             Ok(guard) => Arc::clone(&guard),
             Err(poisoned) => Arc::clone(&poisoned.into_inner()),
         };
-        let directions = |series: &crate::sampler::InterfaceSeries| {
+        let directions = |series: &crate::sampling::sampler::InterfaceSeries| {
             [("ingress", series.counters.ingress), ("egress", series.counters.egress)]
         };
         let per_direction = |pick: fn(&monitor_common::DirectionCounters) -> u64| {
@@ -203,7 +203,7 @@ mod tests {
     use monitor_common::{DirectionCounters, InterfaceCounters};
 
     use super::*;
-    use crate::{datapath::ProgramRunStats, sampler::InterfaceSeries};
+    use crate::{datapath::ProgramRunStats, sampling::sampler::InterfaceSeries};
 
     #[test]
     fn renders_every_series_with_bounded_labels() {

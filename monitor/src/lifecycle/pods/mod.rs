@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
 use tokio::task::JoinHandle;
 
-use crate::files;
+use crate::lifecycle::files;
 use tracing::{debug, warn};
 
 /// Cache files larger than this are not read: a libcni entry is a few KiB.
@@ -1204,14 +1204,14 @@ impl SharedPods {
     }
 }
 
-impl crate::sampler::PodSource for SharedPods {
+impl crate::sampling::sampler::PodSource for SharedPods {
     fn generation(&self) -> u64 {
         self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    fn lookup(&self, interface: &str, peer_netns: Option<u64>) -> Option<crate::sampler::PodLabels> {
+    fn lookup(&self, interface: &str, peer_netns: Option<u64>) -> Option<crate::sampling::sampler::PodLabels> {
         self.read(|index| {
-            index.lookup(interface, peer_netns).map(|pod| crate::sampler::PodLabels {
+            index.lookup(interface, peer_netns).map(|pod| crate::sampling::sampler::PodLabels {
                 namespace: pod.namespace.clone(),
                 name: pod.name.clone(),
                 ips: pod.ips.clone(),
@@ -1223,7 +1223,7 @@ impl crate::sampler::PodSource for SharedPods {
 /// Follows the CNI result cache dir with inotify: every file written, renamed, or deleted
 /// updates the index. Returns once the start-up state is read.
 pub async fn watch_cache_dir(dir: PathBuf, pods: Arc<SharedPods>) -> anyhow::Result<JoinHandle<()>> {
-    let mut watcher = crate::dirwatch::watch_dirs(vec![dir])?;
+    let mut watcher = crate::lifecycle::dirwatch::watch_dirs(vec![dir])?;
     // The first change per dir is its start-up state (Rescan, or Gone when it does not exist).
     if let Some(change) = watcher.recv().await {
         apply_cache_change(&pods, change);
@@ -1238,8 +1238,8 @@ pub async fn watch_cache_dir(dir: PathBuf, pods: Arc<SharedPods>) -> anyhow::Res
     }))
 }
 
-fn apply_cache_change(pods: &SharedPods, change: crate::dirwatch::DirChange) {
-    use crate::dirwatch::DirChange;
+fn apply_cache_change(pods: &SharedPods, change: crate::lifecycle::dirwatch::DirChange) {
+    use crate::lifecycle::dirwatch::DirChange;
     match change {
         // A missing dir rescans to an empty index.
         DirChange::Rescan { dir, .. } | DirChange::Gone { dir, .. } => pods.update(|index| index.rescan(&dir)),

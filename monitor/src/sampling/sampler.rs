@@ -14,8 +14,8 @@ use tracing::{info, warn};
 
 use crate::{
     datapath::{AttachMode, Datapath, ProbeReport, ProgramRunStats},
-    interfaces::{LinkEvent, LinkFacts},
-    timeline::EventKind,
+    lifecycle::timeline::EventKind,
+    sampling::link_watch::{LinkEvent, LinkFacts},
 };
 
 /// Label used for drops on devices that are not watched.
@@ -455,7 +455,7 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::interfaces::PeerLink;
+    use crate::sampling::link_watch::PeerLink;
 
     fn link(name: &str, up: bool) -> LinkFacts {
         LinkFacts {

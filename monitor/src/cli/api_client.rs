@@ -7,7 +7,7 @@ use std::{fmt::Write as _, time::Duration};
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use crate::incidents_view::{column_widths, format_row, text};
+use crate::cli::incident_table::{column_widths, format_row, text};
 
 /// A blocking HTTP client for the agent's API.
 pub struct Client {
@@ -46,7 +46,7 @@ pub fn incidents(server: &str, json: bool) -> anyhow::Result<String> {
     if json {
         return Ok(serde_json::to_string_pretty(&incidents)? + "\n");
     }
-    Ok(crate::incidents_view::render_incidents(&incidents))
+    Ok(crate::cli::incident_table::render_incidents(&incidents))
 }
 
 /// `datapath-monitor status`: interfaces, probes and the lifecycle state.

@@ -8,9 +8,9 @@
 //! order), so an invalid file sorting first never hides a valid one.
 //!
 //! The module has two halves: a pure state machine (`DirState`: facts about files in, events
-//! out) and the I/O around it (`examine`, `list_dir`, [`start`]), fed by [`crate::dirwatch`]
+//! out) and the I/O around it (`examine`, `list_dir`, [`start`]), fed by [`crate::lifecycle::dirwatch`]
 //! (inotify, no polling). A file read while it was being written, or changed while it was read,
-//! is read again or left for its next change (see [`crate::dirwatch`]), so a config rewritten
+//! is read again or left for its next change (see [`crate::lifecycle::dirwatch`]), so a config rewritten
 //! in place does not flap through "invalid".
 //!
 //! Events and their subjects: a file's events have the file's full path as subject.
@@ -40,7 +40,7 @@ use serde_json::{Map, Value};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use crate::{
+use crate::lifecycle::{
     dirwatch::{self, DirChange, EntryEvent, ReadFence, Unsettled},
     files,
     timeline::{Event, EventKind, Stamp, Timeline},
