@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    datapath::{DatapathOptions, DropTracerChoice, TcAttachChoice},
+    datapath::{DatapathOptions, DropTracerChoice, TcAttachChoice, process_probe::comm_key},
     sampling::link_watch::InterfaceFilter,
 };
 
@@ -319,11 +319,12 @@ impl Config {
                 value: self.sample_interval_ms.to_string(),
             });
         }
-        if let Some(name) = self.sdn_processes.iter().find(|name| name.is_empty() || name.len() > 15) {
+        // The one check of process names: the kernel filter and /proc scans take them as given.
+        if let Some(name) = self.sdn_processes.iter().find(|name| comm_key(name).is_none()) {
             return Err(ConfigError::Invalid {
                 key: "sdn_processes",
-                what: "kernel comm names of 1 to 15 bytes",
-                value: name.clone(),
+                what: "kernel comm names of 1 to 15 bytes without NUL",
+                value: name.escape_debug().to_string(),
             });
         }
         let ranges: [(&'static str, u64, std::ops::RangeInclusive<u64>, &'static str); 6] = [
@@ -449,6 +450,8 @@ mod tests {
         assert!(err.to_string().contains("incident_floor"), "{err}");
         let err = Config::resolve(run_args(&["run", "--sdn-process", "a-name-longer-than-15"])).unwrap_err();
         assert!(err.to_string().contains("15 bytes"), "{err}");
+        let err = Config::resolve(run_args(&["run", "--sdn-process", "ovs\0vswitchd"])).unwrap_err();
+        assert!(err.to_string().contains("without NUL"), "{err}");
     }
 
     #[test]

@@ -4,32 +4,32 @@
 
 pub mod kernel_layout;
 pub mod mounts;
+pub mod probes;
 pub mod process_probe;
+mod tc;
 
 use std::{collections::BTreeMap, os::fd::OwnedFd};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues},
-    programs::{
-        BtfTracePoint, LinkOrder, ProgramError, SchedClassifier, TcAttachType, TracePoint,
-        tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions},
-    },
+    programs::{ProgramError, SchedClassifier},
     sys::{Stats, enable_stats},
 };
 use monitor_common::{
     DROPS_MAP, DropKey, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_NET_INUM_OFFSET,
     GLOBAL_SKB_DEV_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET, INTERFACE_COUNTERS_MAP,
-    INTERFACE_SLOTS_MAP, INTERFACE_SLOTS_MAX, InterfaceCounters, InterfaceSlot, KFREE_SKB_BTF_PROGRAM,
-    KFREE_SKB_TRACEPOINT_PROGRAM, MAP_ERROR_SLOTS, MAP_ERRORS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM,
-    TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM,
+    INTERFACE_SLOTS_MAP, InterfaceCounters, InterfaceSlot, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM,
+    MAP_ERROR_SLOTS, MAP_ERRORS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM, TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM,
 };
-use serde::Serialize;
 use tracing::{debug, info, warn};
 
+pub use self::probes::{AttachMode, DropTracerChoice, ProbeReport, TcAttachChoice};
 use self::{
     kernel_layout::{KernelLayout, read_kfree_skb_format},
+    probes::{DROP_PROBE, TC_PROBE, attach_drop_tracer},
     process_probe::ProcessTracerOffsets,
+    tc::AttachedInterface,
 };
 
 /// The kernel programs, built by build.rs from monitor-ebpf.
@@ -72,45 +72,6 @@ pub struct DatapathOptions {
     pub bpf_stats: bool,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum TcAttachChoice {
-    /// tcx where the kernel has it (>= 6.6), else clsact.
-    #[default]
-    Auto,
-    Tcx,
-    Clsact,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum DropTracerChoice {
-    /// tp_btf, else the classic tracepoint.
-    #[default]
-    Auto,
-    TpBtf,
-    Tracepoint,
-}
-
-/// How the tc programs hang on an interface.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AttachMode {
-    /// BPF links (kernel >= 6.6): detached by the kernel when the agent exits.
-    Tcx,
-    /// Legacy clsact qdisc filters through netlink.
-    Clsact,
-}
-
-/// Whether each probe loaded on this kernel, and how.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct ProbeReport {
-    /// Keyed by probe name ("tc", "kfree_skb"): the variant in use, or None when unsupported.
-    pub probes: BTreeMap<&'static str, Option<String>>,
-    /// Why a probe is unsupported, for /readyz and the logs.
-    pub errors: BTreeMap<&'static str, String>,
-}
-
 /// Run-time statistics of one loaded program, from the kernel (BPF_ENABLE_STATS).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProgramRunStats {
@@ -127,15 +88,6 @@ pub struct KernelCounters {
     pub programs: Vec<ProgramRunStats>,
     /// Kernel-side map updates that failed, by `MAP_ERROR_*` slot.
     pub map_errors: [u64; MAP_ERROR_SLOTS as usize],
-}
-
-struct AttachedInterface {
-    name: String,
-    links: Vec<(&'static str, SchedClassifierLinkId)>,
-    mode: AttachMode,
-    /// Its counters live in slot `ifindex % INTERFACE_SLOTS_MAX` of INTERFACE_SLOTS (else in
-    /// INTERFACE_COUNTERS, when another attached interface holds that slot).
-    slot: bool,
 }
 
 pub struct Datapath {
@@ -157,8 +109,6 @@ pub struct Datapath {
     /// Keeps the kernel's run-time statistics on while the agent runs.
     stats: Option<OwnedFd>,
 }
-
-const BPF_NOEXIST: u64 = 1;
 
 impl Datapath {
     /// Loads every program, attaches the drop tracer (tp_btf, else the classic tracepoint),
@@ -201,17 +151,17 @@ impl Datapath {
             program.load().map_err(|source| DatapathError::Program { name, source: Box::new(source) })?;
         }
         // Becomes "tcx" or "clsact" at the first attach.
-        probes.probes.insert("tc", Some("loaded".into()));
+        probes.probes.insert(TC_PROBE, Some("loaded".into()));
 
         match attach_drop_tracer(&mut ebpf, kernel_btf, options.drop_tracer) {
             Ok(variant) => {
                 info!(variant, "drop tracer attached");
-                probes.probes.insert("kfree_skb", Some(variant.to_string()));
+                probes.probes.insert(DROP_PROBE, Some(variant.to_string()));
             }
             Err(reasons) => {
                 warn!(%reasons, "drop tracer unsupported on this kernel; drops are not counted");
-                probes.probes.insert("kfree_skb", None);
-                probes.errors.insert("kfree_skb", reasons);
+                probes.probes.insert(DROP_PROBE, None);
+                probes.errors.insert(DROP_PROBE, reasons);
             }
         }
 
@@ -273,193 +223,6 @@ impl Datapath {
         self.attached.len()
     }
 
-    /// Attaches the tc programs on ingress and egress of `name`, before any other program.
-    pub fn attach(&mut self, ifindex: u32, name: &str) -> Result<AttachMode, DatapathError> {
-        if let Some(existing) = self.attached.get(&ifindex) {
-            if existing.name == name {
-                return Ok(existing.mode);
-            }
-            // Same ifindex under a new name: the links follow the device, keep them.
-            let mode = existing.mode;
-            if let Some(existing) = self.attached.get_mut(&ifindex) {
-                existing.name = name.to_string();
-            }
-            return Ok(mode);
-        }
-        // Counters first, so no packet goes uncounted once a program runs.
-        let slot = self.claim_slot(ifindex)?;
-        if !slot {
-            self.ensure_counters_entry(ifindex)?;
-        }
-        let mut links = Vec::with_capacity(2);
-        let mut mode = self.tc_mode.unwrap_or(AttachMode::Tcx);
-        for (program_name, attach_type) in
-            [(TC_INGRESS_PROGRAM, TcAttachType::Ingress), (TC_EGRESS_PROGRAM, TcAttachType::Egress)]
-        {
-            match self.attach_one(program_name, name, attach_type, mode) {
-                Ok(link) => links.push((program_name, link)),
-                Err(error) => {
-                    self.detach_links(&mut links);
-                    if slot {
-                        self.release_slot(ifindex);
-                    }
-                    return Err(error);
-                }
-            }
-            // The first attach decides the mode for the rest of the run.
-            mode = self.tc_mode.unwrap_or(mode);
-        }
-        let mode = self.tc_mode.unwrap_or(mode);
-        self.probes.probes.insert("tc", Some(format!("{mode:?}").to_lowercase()));
-        self.attached.insert(ifindex, AttachedInterface { name: name.to_string(), links, mode, slot });
-        Ok(mode)
-    }
-
-    fn attach_one(
-        &mut self,
-        program_name: &'static str,
-        interface: &str,
-        attach_type: TcAttachType,
-        mode: AttachMode,
-    ) -> Result<SchedClassifierLinkId, DatapathError> {
-        let program: &mut SchedClassifier = program_mut(&mut self.ebpf, program_name)?;
-        let tcx_error = if mode == AttachMode::Tcx {
-            match program.attach_with_options(interface, attach_type, TcAttachOptions::TcxOrder(LinkOrder::first())) {
-                Ok(link) => {
-                    self.tc_mode.get_or_insert(AttachMode::Tcx);
-                    return Ok(link);
-                }
-                Err(error) if self.tc_mode_forced => {
-                    // Nothing attached through tcx yet: this kernel has no tcx (before 6.6), so the
-                    // tc probe is unsupported, not "loaded" (--tc-attach tcx forbids the fallback).
-                    if self.attached.is_empty() && !self.probes.errors.contains_key("tc") {
-                        warn!(interface, %error, "tc probe unsupported: tcx attach failed and --tc-attach tcx forbids clsact");
-                        self.probes.probes.insert("tc", None);
-                        self.probes
-                            .errors
-                            .insert("tc", format!("tcx attach failed ({error}); --tc-attach tcx forbids clsact"));
-                    }
-                    return Err(DatapathError::Attach {
-                        interface: interface.to_string(),
-                        tcx: error.to_string(),
-                        clsact: "not tried (--tc-attach tcx)".into(),
-                    });
-                }
-                Err(error) => error.to_string(),
-            }
-        } else {
-            "not tried".to_string()
-        };
-        // Kernels before 6.6 have no tcx: fall back to a clsact qdisc.
-        if let Err(error) = tc::qdisc_add_clsact(interface) {
-            debug!(interface, %error, "clsact qdisc not added (usually: already there)");
-        }
-        let options = TcAttachOptions::Netlink(NlOptions::default());
-        match program.attach_with_options(interface, attach_type, options) {
-            Ok(link) => {
-                if self.tc_mode.is_none() {
-                    warn!(interface, %tcx_error, "tcx attach failed; using clsact for all interfaces");
-                    self.tc_mode = Some(AttachMode::Clsact);
-                }
-                Ok(link)
-            }
-            Err(clsact) => Err(DatapathError::Attach {
-                interface: interface.to_string(),
-                tcx: tcx_error,
-                clsact: clsact.to_string(),
-            }),
-        }
-    }
-
-    /// Gives `ifindex` its slot in INTERFACE_SLOTS (zeroed counters on every CPU) unless
-    /// another attached interface holds it. Returns whether it did.
-    fn claim_slot(&mut self, ifindex: u32) -> Result<bool, DatapathError> {
-        let index = ifindex % INTERFACE_SLOTS_MAX;
-        let taken = self.attached.iter().any(|(other, attached)| attached.slot && other % INTERFACE_SLOTS_MAX == index);
-        if taken {
-            debug!(ifindex, index, "slot taken: counters in the hash map");
-            return Ok(false);
-        }
-        let values = per_cpu(InterfaceSlot { ifindex, ..InterfaceSlot::default() }, self.nr_cpus, INTERFACE_SLOTS_MAP)?;
-        self.interface_slots
-            .set(index, values, 0)
-            .map_err(|source| DatapathError::Map { name: INTERFACE_SLOTS_MAP, source: Box::new(source) })?;
-        Ok(true)
-    }
-
-    /// Frees `ifindex`'s slot; returns the counters it held, summed over CPUs.
-    fn release_slot(&mut self, ifindex: u32) -> Option<InterfaceCounters> {
-        let index = ifindex % INTERFACE_SLOTS_MAX;
-        let last = self.read_slot(ifindex);
-        match per_cpu(InterfaceSlot::default(), self.nr_cpus, INTERFACE_SLOTS_MAP) {
-            Ok(free) => {
-                if let Err(error) = self.interface_slots.set(index, free, 0) {
-                    warn!(ifindex, %error, "freeing a counters slot");
-                }
-            }
-            Err(error) => warn!(ifindex, %error, "freeing a counters slot"),
-        }
-        last
-    }
-
-    /// The counters in `ifindex`'s slot, summed over CPUs; None if the slot is not its.
-    fn read_slot(&self, ifindex: u32) -> Option<InterfaceCounters> {
-        let values = match self.interface_slots.get(&(ifindex % INTERFACE_SLOTS_MAX), 0) {
-            Ok(values) => values,
-            Err(error) => {
-                debug!(ifindex, %error, "reading a counters slot");
-                return None;
-            }
-        };
-        let mut total = InterfaceCounters::default();
-        for slot in values.iter() {
-            if slot.ifindex != ifindex {
-                return None;
-            }
-            total.add(&slot.counters);
-        }
-        Some(total)
-    }
-
-    /// The agent creates the counters entry so the hot path only ever increments in place.
-    fn ensure_counters_entry(&mut self, ifindex: u32) -> Result<(), DatapathError> {
-        let zeros = per_cpu(InterfaceCounters::default(), self.nr_cpus, INTERFACE_COUNTERS_MAP)?;
-        match self.interface_counters.insert(ifindex, zeros, BPF_NOEXIST) {
-            Ok(()) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-            Err(source) => Err(DatapathError::Map { name: INTERFACE_COUNTERS_MAP, source: Box::new(source) }),
-        }
-    }
-
-    fn detach_links(&mut self, links: &mut Vec<(&'static str, SchedClassifierLinkId)>) {
-        for (program_name, link) in links.drain(..) {
-            if let Ok(program) = program_mut::<SchedClassifier>(&mut self.ebpf, program_name) {
-                // Fails harmlessly when the device is already gone (the kernel dropped the link).
-                if let Err(error) = program.detach(link) {
-                    debug!(program_name, %error, "detach");
-                }
-            }
-        }
-    }
-
-    /// Detaches from `ifindex` and returns its final counters (the kernel entry is removed).
-    pub fn detach(&mut self, ifindex: u32) -> Option<InterfaceCounters> {
-        let mut attached = self.attached.remove(&ifindex)?;
-        self.detach_links(&mut attached.links);
-        let last = if attached.slot {
-            self.release_slot(ifindex)
-        } else {
-            let last = self.interface_counters.get(&ifindex, 0).ok().map(|values| sum(values.iter()));
-            if let Err(error) = self.interface_counters.remove(&ifindex) {
-                debug!(ifindex, %error, "removing counters entry");
-            }
-            last
-        };
-        debug!(ifindex, name = attached.name, "detached");
-        last
-    }
-
-    /// Removes drop entries of devices that no longer exist, after their final read.
     pub fn forget_drops<F: Fn(&DropKey) -> bool>(&mut self, gone: F) {
         let keys: Vec<DropKey> = self.drops.keys().filter_map(Result::ok).filter(|k| gone(k)).collect();
         for key in keys {
@@ -481,22 +244,7 @@ impl Datapath {
 
     /// Reads every counter the kernel keeps, summed over CPUs.
     pub fn read(&self) -> KernelCounters {
-        let mut counters = KernelCounters::default();
-        for entry in self.interface_counters.iter() {
-            match entry {
-                Ok((ifindex, values)) => {
-                    counters.interfaces.insert(ifindex, sum(values.iter()));
-                }
-                Err(error) => debug!(%error, "reading interface counters"),
-            }
-        }
-        for (&ifindex, attached) in &self.attached {
-            if attached.slot
-                && let Some(slot) = self.read_slot(ifindex)
-            {
-                counters.interfaces.entry(ifindex).or_default().add(&slot);
-            }
-        }
+        let mut counters = KernelCounters { interfaces: self.read_interfaces(), ..KernelCounters::default() };
         counters.drops = self.read_drops();
         for (slot, total) in counters.map_errors.iter_mut().enumerate() {
             if let Ok(values) = self.map_errors.get(&(slot as u32), 0) {
@@ -563,42 +311,4 @@ where
 {
     let map = ebpf.take_map(name).ok_or(DatapathError::Missing(name))?;
     T::try_from(map).map_err(|source| DatapathError::Map { name, source: Box::new(source) })
-}
-
-/// tp_btf first (cheaper, typed), else the classic tracepoint. Returns the variant used.
-fn attach_drop_tracer(
-    ebpf: &mut Ebpf,
-    kernel_btf: Result<aya::Btf, aya::BtfError>,
-    choice: DropTracerChoice,
-) -> Result<&'static str, String> {
-    let btf_error = match kernel_btf {
-        _ if choice == DropTracerChoice::Tracepoint => "not tried (--drop-tracer tracepoint)".to_string(),
-        Ok(btf) => {
-            let attached = program_mut::<BtfTracePoint>(ebpf, KFREE_SKB_BTF_PROGRAM).and_then(|program| {
-                program
-                    .load("kfree_skb", &btf)
-                    .and_then(|()| program.attach().map(drop))
-                    .map_err(|source| DatapathError::Program { name: KFREE_SKB_BTF_PROGRAM, source: Box::new(source) })
-            });
-            match attached {
-                Ok(()) => return Ok("tp_btf"),
-                Err(error) => error.to_string(),
-            }
-        }
-        Err(error) => error.to_string(),
-    };
-    if choice == DropTracerChoice::TpBtf {
-        return Err(format!("tp_btf: {btf_error}"));
-    }
-    debug!(%btf_error, "tp_btf kfree_skb unavailable, trying the classic tracepoint");
-    let attached = program_mut::<TracePoint>(ebpf, KFREE_SKB_TRACEPOINT_PROGRAM).and_then(|program| {
-        program
-            .load()
-            .and_then(|()| program.attach("skb", "kfree_skb").map(drop))
-            .map_err(|source| DatapathError::Program { name: KFREE_SKB_TRACEPOINT_PROGRAM, source: Box::new(source) })
-    });
-    match attached {
-        Ok(()) => Ok("tracepoint"),
-        Err(error) => Err(format!("tp_btf: {btf_error}; tracepoint: {error}")),
-    }
 }

@@ -2,6 +2,8 @@
 //! `sched:sched_process_exit` record layout (from its format file), the watched-name filter
 //! map, and attaching `process_exec` / `process_exit` to their classic tracepoints.
 
+use std::{collections::BTreeSet, io};
+
 use aya::{
     EbpfLoader,
     maps::{HashMap, MapData, RingBuf},
@@ -12,18 +14,17 @@ use monitor_common::{
     COMM_LEN, GLOBAL_SIGNAL_GROUP_EXIT_CODE_OFFSET, GLOBAL_SIGNAL_LIVE_OFFSET, GLOBAL_TASK_COMM_OFFSET,
     GLOBAL_TASK_GROUP_LEADER_OFFSET, GLOBAL_TASK_REAL_PARENT_OFFSET, GLOBAL_TASK_SIGNAL_OFFSET,
     GLOBAL_TASK_TGID_OFFSET, GLOBAL_TP_GROUP_DEAD_OFFSET, PROCESS_EVENTS_MAP, PROCESS_EXEC_PROGRAM,
-    PROCESS_EXIT_PROGRAM, SDN_COMMS_MAP, SDN_COMMS_MAX,
+    PROCESS_EXIT_PROGRAM, ProcessEvent, SDN_COMMS_MAP, SDN_COMMS_MAX,
 };
+use tokio::io::{Interest, unix::AsyncFd};
 use tracing::{debug, info, warn};
 
 use super::{
     Datapath, DatapathError,
     kernel_layout::{member_offset, read_tracepoint_format, tracepoint_field_offset},
+    probes::PROCESS_PROBE,
     program_mut,
 };
-
-/// Probe name in [`super::ProbeReport`].
-pub const PROBE_NAME: &str = "sched_process";
 
 /// Byte offsets the process tracer follows from `struct task_struct *`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,11 +89,11 @@ impl ProcessTracerOffsets {
     }
 }
 
-/// The running process tracer: its event stream.
+/// The running process tracer: the ring buffer of its reports.
 pub struct ProcessProbe {
-    /// [`monitor_common::ProcessEvent`] records, oldest first.
-    pub events: RingBuf<MapData>,
-    /// The process names the kernel filters on (kernel comm form, see [`comm_name`]).
+    /// [`ProcessEvent`] records, oldest first.
+    events: RingBuf<MapData>,
+    /// The process names the kernel filters on.
     pub names: Vec<String>,
 }
 
@@ -102,28 +103,63 @@ impl std::fmt::Debug for ProcessProbe {
     }
 }
 
-/// The kernel's form of a process name: at most 15 bytes (`TASK_COMM_LEN` - 1), as the
-/// kernel truncates it. None for an empty name.
-pub fn comm_name(name: &str) -> Option<String> {
-    let bytes = comm_bytes(name)?;
-    Some(String::from_utf8_lossy(&bytes).into_owned())
+impl ProcessProbe {
+    /// Starts polling its ring buffer; must be called inside a tokio runtime.
+    pub fn into_reports(self) -> io::Result<ProcessReports> {
+        // SAFETY: the RingBuf owns its map's fd and neither closes nor replaces it while the
+        // AsyncFd holds it.
+        let ring = unsafe { AsyncFd::register_with_interest(self.events, Interest::READABLE) }
+            .map_err(|error| error.into_parts().1)?;
+        Ok(ProcessReports { ring })
+    }
 }
 
-fn comm_bytes(name: &str) -> Option<Vec<u8>> {
+/// The process tracer's reports as they arrive: every exec of a watched name and every
+/// whole-process exit.
+pub struct ProcessReports {
+    ring: AsyncFd<RingBuf<MapData>>,
+}
+
+impl ProcessReports {
+    /// Every report the ring buffer holds now, oldest first (waits for at least one
+    /// readiness). A record too short to decode is logged and skipped.
+    pub async fn next_batch(&mut self) -> io::Result<Vec<ProcessEvent>> {
+        let mut guard = self.ring.readable_mut().await?;
+        let mut batch = Vec::new();
+        while let Some(item) = guard.get_inner_mut().next() {
+            match decode_event(&item) {
+                Some(event) => batch.push(event),
+                None => debug!(len = item.len(), "short process event"),
+            }
+        }
+        guard.clear_ready();
+        Ok(batch)
+    }
+}
+
+/// A [`ProcessEvent`] from its bytes in the ring buffer (layout of the `repr(C)` struct).
+fn decode_event(bytes: &[u8]) -> Option<ProcessEvent> {
+    let u32_at = |at: usize| Some(u32::from_ne_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
+    Some(ProcessEvent {
+        ktime_ns: u64::from_ne_bytes(bytes.get(0..8)?.try_into().ok()?),
+        kind: u32_at(8)?,
+        tgid: u32_at(12)?,
+        ppid: u32_at(16)?,
+        exit_code: u32_at(20)?,
+        comm: bytes.get(24..24 + COMM_LEN)?.try_into().ok()?,
+    })
+}
+
+/// The kernel filter's key of a process name: its bytes, NUL-padded to `TASK_COMM_LEN`. None
+/// for a name the kernel can never report: empty, longer than 15 bytes (the kernel truncates
+/// comm to `TASK_COMM_LEN` - 1), or with a NUL byte. The configuration rejects such names.
+pub fn comm_key(name: &str) -> Option<[u8; COMM_LEN]> {
     let bytes = name.as_bytes();
-    let bytes = &bytes[..bytes.len().min(COMM_LEN - 1)];
-    // A NUL would end the kernel's string early: such a name can never match.
-    if bytes.is_empty() || bytes.contains(&0) {
+    if bytes.is_empty() || bytes.len() >= COMM_LEN || bytes.contains(&0) {
         return None;
     }
-    Some(bytes.to_vec())
-}
-
-/// The filter map key of a name: its comm bytes, NUL-padded.
-pub fn comm_key(name: &str) -> Option<[u8; COMM_LEN]> {
-    let bytes = comm_bytes(name)?;
     let mut key = [0u8; COMM_LEN];
-    key[..bytes.len()].copy_from_slice(&bytes);
+    key[..bytes.len()].copy_from_slice(bytes);
     Some(key)
 }
 
@@ -137,13 +173,13 @@ impl Datapath {
             Ok(probe) => {
                 let exit_detection = self.process_offsets.as_ref().map_or("", |o| o.exit_detection());
                 info!(names = ?probe.names, exit_detection, "process tracer attached");
-                self.probes.probes.insert(PROBE_NAME, Some("tracepoint".into()));
-                self.probes.errors.remove(PROBE_NAME);
+                self.probes.probes.insert(PROCESS_PROBE, Some("tracepoint".into()));
+                self.probes.errors.remove(PROCESS_PROBE);
             }
             Err(error) => {
                 warn!(%error, "process tracer unsupported on this kernel; SDN process events are not seen");
-                self.probes.probes.insert(PROBE_NAME, None);
-                self.probes.errors.insert(PROBE_NAME, error.to_string());
+                self.probes.probes.insert(PROCESS_PROBE, None);
+                self.probes.errors.insert(PROCESS_PROBE, error.to_string());
             }
         }
         result
@@ -156,19 +192,14 @@ impl Datapath {
         if self.ebpf.map(PROCESS_EVENTS_MAP).is_none() {
             return Err(DatapathError::ProcessTracer("already started".into()));
         }
-        let mut keys = Vec::new();
+        let mut keys = BTreeSet::new();
         let mut watched = Vec::new();
         for name in names {
-            let (Some(key), Some(comm)) = (comm_key(name), comm_name(name)) else {
-                warn!(name, "not a usable process name (empty or with a NUL byte): ignored");
-                continue;
-            };
-            if comm != *name {
-                warn!(name, comm, "process names are at most 15 bytes in the kernel: watching the truncated name");
-            }
-            if !keys.contains(&key) {
-                keys.push(key);
-                watched.push(comm);
+            let key = comm_key(name).ok_or_else(|| {
+                DatapathError::ProcessTracer(format!("{name:?} is not a kernel comm name (1 to 15 bytes, no NUL)"))
+            })?;
+            if keys.insert(key) {
+                watched.push(name.clone());
             }
         }
         if keys.len() > SDN_COMMS_MAX as usize {
@@ -252,16 +283,40 @@ print fmt: \"comm=%s pid=%d prio=%d group_dead=%s\", REC->comm, REC->pid, REC->p
 
     #[test]
     fn names_take_the_kernel_comm_form() {
-        assert_eq!(comm_name("ovs-vswitchd").as_deref(), Some("ovs-vswitchd"));
-        assert_eq!(comm_name("openshift-sdn-node").as_deref(), Some("openshift-sdn-n"));
-        assert_eq!(comm_name(""), None);
-        assert_eq!(comm_name("a\0b"), None);
         let key = comm_key("flanneld").unwrap();
         assert_eq!(&key[..8], b"flanneld");
         assert!(key[8..].iter().all(|b| *b == 0));
-        let key = comm_key("openshift-sdn-node").unwrap();
+        let key = comm_key("openshift-sdn-n").unwrap();
         assert_eq!(&key[..15], b"openshift-sdn-n");
         assert_eq!(key[15], 0);
+        // Names the kernel never reports (it truncates comm to 15 bytes) have no key.
+        assert_eq!(comm_key("openshift-sdn-node"), None);
+        assert_eq!(comm_key(""), None);
+        assert_eq!(comm_key("a\0b"), None);
+    }
+
+    #[test]
+    fn kernel_records_decode() {
+        let event = ProcessEvent {
+            ktime_ns: 0x0102_0304_0506_0708,
+            kind: monitor_common::PROCESS_EVENT_EXIT,
+            tgid: 4242,
+            ppid: 1,
+            exit_code: 9,
+            comm: *b"ovs-vswitchd\0\0\0\0",
+        };
+        // The same bytes the kernel writes for the repr(C) struct.
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&event.ktime_ns.to_ne_bytes());
+        for field in [event.kind, event.tgid, event.ppid, event.exit_code] {
+            bytes.extend_from_slice(&field.to_ne_bytes());
+        }
+        bytes.extend_from_slice(&event.comm);
+        assert_eq!(bytes.len(), size_of::<ProcessEvent>());
+        assert_eq!(std::mem::offset_of!(ProcessEvent, comm), 24);
+        assert_eq!(std::mem::offset_of!(ProcessEvent, exit_code), 20);
+        assert_eq!(decode_event(&bytes), Some(event));
+        assert_eq!(decode_event(&bytes[..30]), None);
     }
 
     #[test]

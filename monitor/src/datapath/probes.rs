@@ -1,0 +1,106 @@
+//! The probes the agent loads, which variant of each a kernel supports, and what loaded here:
+//!
+//! | probe | variants, best first | kernels |
+//! |---|---|---|
+//! | `tc` | tcx link, first in the chain; clsact qdisc filter | tcx >= 6.6; clsact on all |
+//! | `kfree_skb` | `tp_btf/kfree_skb`; classic `skb:kfree_skb` tracepoint | tp_btf with BTF; drop reasons >= 5.17 |
+//! | `sched_process` | classic `sched:sched_process_exec`/`exit` tracepoints | ring buffer >= 5.8; `group_dead` on recent kernels, else `signal->live` |
+//!
+//! A probe this kernel cannot run is reported (`/readyz`, `datapath_probe_loaded`) and
+//! skipped; the others keep working.
+
+use std::collections::BTreeMap;
+
+use aya::{
+    Ebpf,
+    programs::{BtfTracePoint, TracePoint},
+};
+use monitor_common::{KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM};
+use serde::Serialize;
+use tracing::debug;
+
+use super::{DatapathError, program_mut};
+
+/// The tc classifier on watched interfaces.
+pub const TC_PROBE: &str = "tc";
+/// The drop tracer.
+pub const DROP_PROBE: &str = "kfree_skb";
+/// The SDN process tracer.
+pub const PROCESS_PROBE: &str = "sched_process";
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum TcAttachChoice {
+    /// tcx where the kernel has it (>= 6.6), else clsact.
+    #[default]
+    Auto,
+    Tcx,
+    Clsact,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum DropTracerChoice {
+    /// tp_btf, else the classic tracepoint.
+    #[default]
+    Auto,
+    TpBtf,
+    Tracepoint,
+}
+
+/// How the tc programs hang on an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachMode {
+    /// BPF links (kernel >= 6.6): detached by the kernel when the agent exits.
+    Tcx,
+    /// Legacy clsact qdisc filters through netlink.
+    Clsact,
+}
+
+/// Whether each probe loaded on this kernel, and how.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProbeReport {
+    /// Keyed by probe name ("tc", "kfree_skb"): the variant in use, or None when unsupported.
+    pub probes: BTreeMap<&'static str, Option<String>>,
+    /// Why a probe is unsupported, for /readyz and the logs.
+    pub errors: BTreeMap<&'static str, String>,
+}
+
+/// tp_btf first (cheaper, typed), else the classic tracepoint. Returns the variant used.
+pub(super) fn attach_drop_tracer(
+    ebpf: &mut Ebpf,
+    kernel_btf: Result<aya::Btf, aya::BtfError>,
+    choice: DropTracerChoice,
+) -> Result<&'static str, String> {
+    let btf_error = match kernel_btf {
+        _ if choice == DropTracerChoice::Tracepoint => "not tried (--drop-tracer tracepoint)".to_string(),
+        Ok(btf) => {
+            let attached = program_mut::<BtfTracePoint>(ebpf, KFREE_SKB_BTF_PROGRAM).and_then(|program| {
+                program
+                    .load("kfree_skb", &btf)
+                    .and_then(|()| program.attach().map(drop))
+                    .map_err(|source| DatapathError::Program { name: KFREE_SKB_BTF_PROGRAM, source: Box::new(source) })
+            });
+            match attached {
+                Ok(()) => return Ok("tp_btf"),
+                Err(error) => error.to_string(),
+            }
+        }
+        Err(error) => error.to_string(),
+    };
+    if choice == DropTracerChoice::TpBtf {
+        return Err(format!("tp_btf: {btf_error}"));
+    }
+    debug!(%btf_error, "tp_btf kfree_skb unavailable, trying the classic tracepoint");
+    let attached = program_mut::<TracePoint>(ebpf, KFREE_SKB_TRACEPOINT_PROGRAM).and_then(|program| {
+        program
+            .load()
+            .and_then(|()| program.attach("skb", "kfree_skb").map(drop))
+            .map_err(|source| DatapathError::Program { name: KFREE_SKB_TRACEPOINT_PROGRAM, source: Box::new(source) })
+    });
+    match attached {
+        Ok(()) => Ok("tracepoint"),
+        Err(error) => Err(format!("tp_btf: {btf_error}; tracepoint: {error}")),
+    }
+}
