@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     datapath::{DatapathOptions, DropTracerChoice, TcAttachChoice, process_probe::comm_key},
-    sampling::link_watch::InterfaceFilter,
+    sampling::InterfaceFilter,
 };
 
 #[derive(Debug, Parser)]
@@ -196,11 +196,13 @@ impl Default for Config {
     }
 }
 
+/// A configuration that cannot be used. Messages leave their sources out: print errors with
+/// [`crate::errors::chain`].
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("reading config file {path}: {source}")]
+    #[error("reading config file {path}")]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("config file {path}: {source}")]
+    #[error("config file {path}")]
     Parse { path: PathBuf, source: Box<toml::de::Error> },
     #[error("{key} must be {what}, got {value}")]
     Invalid { key: &'static str, what: &'static str, value: String },
@@ -445,7 +447,8 @@ mod tests {
         assert!(parse(&["run", "--log-format", "xml"]).is_err());
         assert!(parse(&["run", "--no-such-flag"]).is_err());
         let err = Config::from_toml(Path::new("x.toml"), "no_such_key = 1").unwrap_err();
-        assert!(err.to_string().contains("no_such_key"), "{err}");
+        let err = crate::errors::chain(&err);
+        assert!(err.contains("no_such_key"), "{err}");
         let err = Config::resolve(run_args(&["run", "--incident-floor", "0"])).unwrap_err();
         assert!(err.to_string().contains("incident_floor"), "{err}");
         let err = Config::resolve(run_args(&["run", "--sdn-process", "a-name-longer-than-15"])).unwrap_err();

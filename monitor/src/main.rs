@@ -6,6 +6,7 @@ use clap::Parser as _;
 use datapath_monitor::{
     agent, cli,
     config::{Cli, Command, Config, LogFormat},
+    errors,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -45,7 +46,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("datapath-monitor: {error:#}");
+            eprintln!("datapath-monitor: {}", errors::chain(error.as_ref()));
             ExitCode::FAILURE
         }
     }

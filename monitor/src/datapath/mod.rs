@@ -31,6 +31,7 @@ use self::{
     process_probe::ProcessTracerOffsets,
     tc::AttachedInterface,
 };
+use crate::errors;
 
 /// The kernel programs, built by build.rs from monitor-ebpf.
 static PROGRAMS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/monitor-ebpf"));
@@ -40,19 +41,21 @@ static PROGRAMS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 #[doc(hidden)]
 pub static BASELINE_PROGRAMS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/baselines"));
 
+/// What went wrong in the kernel side. Messages leave their sources out: print errors with
+/// [`crate::errors::chain`].
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {
-    #[error("kernel BTF: {what}: {source}")]
+    #[error("kernel BTF: {what}")]
     Btf { what: String, source: Box<dyn std::error::Error + Send + Sync> },
     #[error("skb:kfree_skb tracepoint: {what}")]
     Tracepoint { what: String },
-    #[error("mounting {fstype} on {target}: {source}")]
+    #[error("mounting {fstype} on {target}")]
     Mount { target: &'static str, fstype: &'static str, source: std::io::Error },
-    #[error("loading the kernel programs: {0}")]
+    #[error("loading the kernel programs")]
     Load(#[from] Box<aya::EbpfError>),
-    #[error("program {name}: {source}")]
+    #[error("program {name}")]
     Program { name: &'static str, source: Box<ProgramError> },
-    #[error("map {name}: {source}")]
+    #[error("map {name}")]
     Map { name: &'static str, source: Box<MapError> },
     #[error("{0} is missing from the kernel object")]
     Missing(&'static str),
@@ -126,7 +129,7 @@ impl Datapath {
         };
         debug!(?offsets, drop_reasons = drop_reasons.len(), "kernel layout from BTF");
         // Its failure only disables the process tracer (see start_process_probe).
-        let process_offsets = ProcessTracerOffsets::resolve(&btf).map_err(|error| error.to_string());
+        let process_offsets = ProcessTracerOffsets::resolve(&btf).map_err(|error| errors::chain(&error));
         drop(btf);
         let zero_offsets = ProcessTracerOffsets::default();
 
@@ -266,6 +269,16 @@ impl Datapath {
             }
         }
         counters
+    }
+}
+
+/// Loading parses the kernel's BTF (tens of MiB, freed right after); glibc keeps freed heap
+/// pages mapped, so without this the agent's resident memory never comes back down.
+pub fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory; no pointer is invalidated.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

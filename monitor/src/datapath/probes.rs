@@ -20,6 +20,7 @@ use serde::Serialize;
 use tracing::debug;
 
 use super::{DatapathError, program_mut};
+use crate::errors;
 
 /// The tc classifier on watched interfaces.
 pub const TC_PROBE: &str = "tc";
@@ -84,10 +85,10 @@ pub(super) fn attach_drop_tracer(
             });
             match attached {
                 Ok(()) => return Ok("tp_btf"),
-                Err(error) => error.to_string(),
+                Err(error) => errors::chain(&error),
             }
         }
-        Err(error) => error.to_string(),
+        Err(error) => errors::chain(&error),
     };
     if choice == DropTracerChoice::TpBtf {
         return Err(format!("tp_btf: {btf_error}"));
@@ -101,6 +102,6 @@ pub(super) fn attach_drop_tracer(
     });
     match attached {
         Ok(()) => Ok("tracepoint"),
-        Err(error) => Err(format!("tp_btf: {btf_error}; tracepoint: {error}")),
+        Err(error) => Err(format!("tp_btf: {btf_error}; tracepoint: {}", errors::chain(&error))),
     }
 }

@@ -25,6 +25,7 @@ use super::{
     probes::PROCESS_PROBE,
     program_mut,
 };
+use crate::errors;
 
 /// Byte offsets the process tracer follows from `struct task_struct *`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -177,9 +178,10 @@ impl Datapath {
                 self.probes.errors.remove(PROCESS_PROBE);
             }
             Err(error) => {
+                let error = errors::chain(error);
                 warn!(%error, "process tracer unsupported on this kernel; SDN process events are not seen");
                 self.probes.probes.insert(PROCESS_PROBE, None);
-                self.probes.errors.insert(PROCESS_PROBE, error.to_string());
+                self.probes.errors.insert(PROCESS_PROBE, error);
             }
         }
         result

@@ -18,6 +18,7 @@ use monitor_common::{
 use tracing::{debug, warn};
 
 use super::{AttachMode, Datapath, DatapathError, per_cpu, probes::TC_PROBE, program_mut, sum};
+use crate::errors;
 
 /// The tc programs' links on one interface.
 pub(super) struct AttachedInterface {
@@ -89,6 +90,7 @@ impl Datapath {
                     return Ok(link);
                 }
                 Err(error) if self.tc_mode_forced => {
+                    let error = errors::chain(&error);
                     // Nothing attached through tcx yet: this kernel has no tcx (before 6.6), so the
                     // tc probe is unsupported, not "loaded" (--tc-attach tcx forbids the fallback).
                     if self.attached.is_empty() && !self.probes.errors.contains_key(TC_PROBE) {
@@ -100,11 +102,11 @@ impl Datapath {
                     }
                     return Err(DatapathError::Attach {
                         interface: interface.to_string(),
-                        tcx: error.to_string(),
+                        tcx: error,
                         clsact: "not tried (--tc-attach tcx)".into(),
                     });
                 }
-                Err(error) => error.to_string(),
+                Err(error) => errors::chain(&error),
             }
         } else {
             "not tried".to_string()
@@ -125,7 +127,7 @@ impl Datapath {
             Err(clsact) => Err(DatapathError::Attach {
                 interface: interface.to_string(),
                 tcx: tcx_error,
-                clsact: clsact.to_string(),
+                clsact: errors::chain(&clsact),
             }),
         }
     }

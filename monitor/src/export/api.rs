@@ -16,7 +16,7 @@ use axum::{
     routing::get,
 };
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
 use crate::{
     datapath::ProbeReport,
@@ -53,6 +53,22 @@ pub fn router(state: Arc<ApiState>) -> Router {
 
 pub async fn bind(listen: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(listen).await
+}
+
+/// Serves the API on `listener` until `shutdown` turns true.
+pub fn serve(
+    listener: TcpListener,
+    state: Arc<ApiState>,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<std::io::Result<()>> {
+    let router = router(state);
+    tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = shutdown.changed().await;
+            })
+            .await
+    })
 }
 
 async fn metrics(State(state): State<Arc<ApiState>>) -> Response {

@@ -3,7 +3,7 @@
 //! Kernel counters are absolute, so each scrape encodes constant metrics from the sample
 //! instead of keeping a second set of counters in user space.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use prometheus_client::{
     collector::Collector,
@@ -12,14 +12,11 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::sampling::sampler::{OTHER_INTERFACE, Sample, map_error_name};
-
-/// The latest sample, shared between the sampler (writer) and scrapes (readers).
-pub type SharedSample = Arc<RwLock<Arc<Sample>>>;
+use crate::sampling::sampler::{LatestSample, OTHER_INTERFACE, map_error_name};
 
 #[derive(Debug)]
 struct SampleCollector {
-    sample: SharedSample,
+    sample: Arc<LatestSample>,
 }
 
 pub struct Metrics {
@@ -27,7 +24,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(sample: SharedSample) -> Self {
+    pub fn new(sample: Arc<LatestSample>) -> Self {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(SampleCollector { sample }));
         Self { registry }
@@ -89,10 +86,7 @@ pub(crate) fn gauge<'a>(
 
 impl Collector for SampleCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let sample = match self.sample.read() {
-            Ok(guard) => Arc::clone(&guard),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        };
+        let sample = self.sample.get();
         let directions = |series: &crate::sampling::sampler::InterfaceSeries| {
             [("ingress", series.counters.ingress), ("egress", series.counters.egress)]
         };
@@ -203,7 +197,10 @@ mod tests {
     use monitor_common::{DirectionCounters, InterfaceCounters};
 
     use super::*;
-    use crate::{datapath::ProgramRunStats, sampling::sampler::InterfaceSeries};
+    use crate::{
+        datapath::ProgramRunStats,
+        sampling::sampler::{InterfaceSeries, Sample},
+    };
 
     #[test]
     fn renders_every_series_with_bounded_labels() {
@@ -223,7 +220,9 @@ mod tests {
             attached: 1,
             ..Sample::default()
         };
-        let metrics = Metrics::new(Arc::new(RwLock::new(Arc::new(sample))));
+        let latest = Arc::new(LatestSample::default());
+        latest.publish(sample);
+        let metrics = Metrics::new(latest);
         let text = metrics.render().unwrap();
         for line in [
             r#"datapath_packets_total{interface="veth1a2b3c4d",direction="ingress",pod_namespace="",pod=""} 3"#,

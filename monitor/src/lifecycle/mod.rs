@@ -4,6 +4,7 @@
 pub mod cni;
 pub mod dirwatch;
 pub mod files;
+pub mod interface_events;
 pub mod pods;
 pub mod processes;
 pub mod timeline;

@@ -1,33 +1,29 @@
-//! Which network interfaces of this network namespace are watched, and a netlink watch
-//! that reports them appearing, changing and disappearing.
+//! The netlink link watch: reports the watched links of this network namespace appearing,
+//! changing and disappearing.
 //!
 //! One rtnetlink socket carries both the link subscription and the link dump, and its
 //! messages are applied in the order the kernel queued them (events that arrive during the
 //! dump update the same table), so no change between subscribing and dumping is lost. The
 //! kernel names a veth peer's network namespace only by an nsid relative to ours; the
-//! resolver below maps nsids to netns inodes by asking the kernel about netns files.
+//! [`NetnsResolver`] maps nsids to netns inodes.
 
-use std::{
-    collections::{HashMap, HashSet},
-    fs::File,
-    io,
-    os::{fd::AsRawFd, unix::fs::MetadataExt},
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{collections::HashSet, io, os::fd::AsRawFd};
 
-use globset::{Glob, GlobSet, GlobSetBuilder};
-use netlink_packet_route::{
-    AddressFamily, RouteNetlinkMessage,
-    link::{LinkAttribute, LinkFlags, LinkInfo, LinkLayerType, LinkMessage},
-    nsid::{NsidAttribute, NsidMessage},
-};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage, link::LinkMessage, nsid::NsidAttribute};
 use rtnetlink::{
-    packet_core::{NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkBuffer, NetlinkMessage, NetlinkPayload},
+    packet_core::{NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkPayload},
     sys::{AsyncSocket, AsyncSocketExt, Socket, SocketAddr, TokioSocket, protocols::NETLINK_ROUTE},
 };
 use tokio::{sync::mpsc, time::Instant};
 use tracing::{debug, error, info, warn};
+
+use super::{
+    InterfaceError, InterfaceFilter, LinkEvent, LinkFacts,
+    links::{LinkTable, parse_datagram, request_bytes},
+    netlink_error,
+    netns::NetnsResolver,
+};
+use crate::errors;
 
 /// rtnetlink multicast groups (`RTNLGRP_*` in `linux/rtnetlink.h`).
 const RTNLGRP_LINK: u32 = 1;
@@ -36,175 +32,6 @@ const RTNLGRP_NSID: u32 = 28;
 const EVENT_QUEUE: usize = 1024;
 /// Room for a burst of link notifications (a node starting hundreds of pods).
 const RECEIVE_BUFFER: usize = 4 << 20;
-/// At most one netns rescan per interval, so a flood of veths cannot make it spin.
-const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
-/// Where `ip netns` and container runtimes pin network namespaces.
-const PINNED_NETNS_DIRS: [&str; 2] = ["/run/netns", "/var/run/netns"];
-/// This thread's netns: `/proc/self` would name the main thread's, which differs in tests.
-const OWN_NETNS: &str = "/proc/thread-self/ns/net";
-
-#[derive(Debug, thiserror::Error)]
-pub enum InterfaceError {
-    #[error("invalid interface glob {glob:?}")]
-    Glob {
-        glob: String,
-        #[source]
-        source: globset::Error,
-    },
-    #[error("building the interface glob set")]
-    GlobSet(#[source] globset::Error),
-    #[error("netlink: {op}")]
-    Netlink {
-        op: &'static str,
-        #[source]
-        source: io::Error,
-    },
-    #[error("reading network namespace {path}")]
-    Netns {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-}
-
-fn netlink_error(op: &'static str) -> impl FnOnce(io::Error) -> InterfaceError {
-    move |source| InterfaceError::Netlink { op, source }
-}
-
-/// Decides which links are watched: pod veths and include globs, minus exclude globs.
-#[derive(Clone, Debug)]
-pub struct InterfaceFilter {
-    include: GlobSet,
-    exclude: GlobSet,
-}
-
-impl InterfaceFilter {
-    /// Default include globs: veth*, br0, tun0, vxlan_sys_*, genev_sys_*, br-int, br-ex, ovn-k8s-mp*.
-    pub const DEFAULT_INCLUDE: &'static [&'static str] =
-        &["veth*", "br0", "tun0", "vxlan_sys_*", "genev_sys_*", "br-int", "br-ex", "ovn-k8s-mp*"];
-
-    /// `include` is used as given: an empty list watches pod veths only.
-    pub fn new(include: &[String], exclude: &[String]) -> Result<Self, InterfaceError> {
-        Ok(Self { include: glob_set(include)?, exclude: glob_set(exclude)? })
-    }
-
-    /// Watched = (host-side veth whose peer is in another netns) OR name matches an include
-    /// glob; AND name matches no exclude glob.
-    pub fn watches(&self, link: &LinkFacts) -> bool {
-        (link.is_pod_veth() || self.include.is_match(&link.name)) && !self.exclude.is_match(&link.name)
-    }
-}
-
-fn glob_set(globs: &[String]) -> Result<GlobSet, InterfaceError> {
-    let mut builder = GlobSetBuilder::new();
-    for glob in globs {
-        let parsed = Glob::new(glob).map_err(|source| InterfaceError::Glob { glob: glob.clone(), source })?;
-        builder.add(parsed);
-    }
-    builder.build().map_err(InterfaceError::GlobSet)
-}
-
-/// What netlink says about one link.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LinkFacts {
-    pub ifindex: u32,
-    pub name: String,
-    /// IFLA_INFO_KIND, e.g. "veth", "openvswitch", "vxlan"; None for devices without one.
-    pub kind: Option<String>,
-    /// Link layer type ARPHRD_ETHER (tc programs parse Ethernet).
-    pub is_ethernet: bool,
-    /// IFF_UP: administratively up.
-    pub up: bool,
-    /// IFF_RUNNING: operationally up (RFC 2863 state UP, or UNKNOWN for devices that do not track it).
-    pub oper_up: bool,
-    /// For a veth: its peer, from IFLA_LINK (+ IFLA_LINK_NETNSID when in another netns).
-    pub peer: Option<PeerLink>,
-}
-
-impl LinkFacts {
-    /// A host-side veth whose peer lives in another network namespace (a pod's).
-    pub fn is_pod_veth(&self) -> bool {
-        self.kind.as_deref() == Some("veth") && self.peer.as_ref().is_some_and(|peer| peer.netnsid.is_some())
-    }
-
-    /// Reads an RTM_NEWLINK/RTM_DELLINK message; None when it carries no name.
-    fn from_message(message: &LinkMessage) -> Option<Self> {
-        let (mut name, mut kind, mut link, mut netnsid) = (None, None, None, None);
-        for attribute in &message.attributes {
-            match attribute {
-                LinkAttribute::IfName(value) => name = Some(value.clone()),
-                LinkAttribute::Link(ifindex) => link = Some(*ifindex),
-                LinkAttribute::LinkNetNsId(id) => netnsid = Some(*id),
-                LinkAttribute::LinkInfo(infos) => {
-                    kind = infos.iter().find_map(|info| match info {
-                        LinkInfo::Kind(kind) => Some(kind.to_string()),
-                        _ => None,
-                    });
-                }
-                _ => {}
-            }
-        }
-        // IFLA_LINK also names the lower device of vlans and tunnels: only a veth's is a peer.
-        let peer = match (kind.as_deref(), link) {
-            (Some("veth"), Some(ifindex)) if ifindex != 0 => Some(PeerLink { ifindex, netnsid, netns_inode: None }),
-            _ => None,
-        };
-        let header = &message.header;
-        Some(Self {
-            ifindex: header.index,
-            name: name?,
-            kind,
-            is_ethernet: header.link_layer_type == LinkLayerType::Ether,
-            up: header.flags.contains(LinkFlags::Up),
-            oper_up: header.flags.contains(LinkFlags::Running),
-            peer,
-        })
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerLink {
-    /// IFLA_LINK: the peer's ifindex in its own netns.
-    pub ifindex: u32,
-    /// IFLA_LINK_NETNSID: Some when the peer is in another netns.
-    pub netnsid: Option<i32>,
-    /// That netns's inode number; None if in this netns or unresolvable.
-    pub netns_inode: Option<u64>,
-}
-
-/// A change to the set of watched links.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LinkEvent {
-    /// A link became watched: it appeared, or was renamed into the include globs.
-    Added(LinkFacts),
-    /// A watched link's facts changed (name, up state, peer, ...).
-    Changed(LinkFacts),
-    /// A watched link disappeared or stopped matching; `name` is the last one reported.
-    Removed { ifindex: u32, name: String },
-}
-
-impl LinkEvent {
-    pub fn ifindex(&self) -> u32 {
-        match self {
-            Self::Added(link) | Self::Changed(link) => link.ifindex,
-            Self::Removed { ifindex, .. } => *ifindex,
-        }
-    }
-
-    pub fn name(&self) -> &str {
-        match self {
-            Self::Added(link) | Self::Changed(link) => &link.name,
-            Self::Removed { name, .. } => name,
-        }
-    }
-}
-
-/// The inode number of this thread's network namespace.
-pub fn own_netns_inode() -> Result<u64, InterfaceError> {
-    std::fs::metadata(OWN_NETNS)
-        .map(|metadata| metadata.ino())
-        .map_err(|source| InterfaceError::Netns { path: OWN_NETNS.into(), source })
-}
 
 /// Subscribes to RTNLGRP_LINK *first*, then dumps all links (so nothing is missed between
 /// the two), and returns the current watched links plus a receiver of subsequent events
@@ -230,77 +57,6 @@ pub async fn watch_links(
     let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
     tokio::spawn(watch.run(events_tx));
     Ok((initial, events_rx))
-}
-
-/// Every link of this netns as last reported, and which of them are watched.
-struct LinkTable {
-    filter: InterfaceFilter,
-    links: HashMap<u32, LinkFacts>,
-}
-
-impl LinkTable {
-    fn new(filter: InterfaceFilter) -> Self {
-        Self { filter, links: HashMap::new() }
-    }
-
-    fn get(&self, ifindex: u32) -> Option<&LinkFacts> {
-        self.links.get(&ifindex)
-    }
-
-    fn upsert(&mut self, link: LinkFacts) -> Option<LinkEvent> {
-        let before = self.links.get(&link.ifindex).filter(|old| self.filter.watches(old));
-        let event = match (before, self.filter.watches(&link)) {
-            (Some(old), true) => (*old != link).then(|| LinkEvent::Changed(link.clone())),
-            (Some(old), false) => Some(LinkEvent::Removed { ifindex: old.ifindex, name: old.name.clone() }),
-            (None, true) => Some(LinkEvent::Added(link.clone())),
-            (None, false) => None,
-        };
-        self.links.insert(link.ifindex, link);
-        event
-    }
-
-    fn remove(&mut self, ifindex: u32) -> Option<LinkEvent> {
-        let old = self.links.remove(&ifindex)?;
-        self.filter.watches(&old).then_some(LinkEvent::Removed { ifindex, name: old.name })
-    }
-
-    /// Forgets links a full dump did not report.
-    fn retain(&mut self, seen: &HashSet<u32>) -> Vec<LinkEvent> {
-        let mut gone: Vec<u32> = self.links.keys().filter(|ifindex| !seen.contains(ifindex)).copied().collect();
-        gone.sort_unstable();
-        gone.into_iter().filter_map(|ifindex| self.remove(ifindex)).collect()
-    }
-
-    fn watched(&self) -> Vec<LinkFacts> {
-        let mut watched: Vec<LinkFacts> =
-            self.links.values().filter(|link| self.filter.watches(link)).cloned().collect();
-        watched.sort_unstable_by_key(|link| link.ifindex);
-        watched
-    }
-
-    /// Veths of this netns whose peer is `ifindex`, also in this netns.
-    fn same_netns_peers_of(&self, ifindex: u32) -> Vec<u32> {
-        self.links
-            .values()
-            .filter(|link| link.peer.as_ref().is_some_and(|peer| peer.ifindex == ifindex && peer.netnsid.is_none()))
-            .map(|link| link.ifindex)
-            .collect()
-    }
-
-    /// Watched links whose peer netns has an nsid but no known inode: (ifindex, nsid).
-    fn unresolved(&self) -> Vec<(u32, i32)> {
-        self.links
-            .values()
-            .filter(|link| self.filter.watches(link))
-            .filter_map(|link| {
-                let peer = link.peer.as_ref()?;
-                match (peer.netnsid, peer.netns_inode) {
-                    (Some(nsid), None) => Some((link.ifindex, nsid)),
-                    _ => None,
-                }
-            })
-            .collect()
-    }
 }
 
 struct Dump {
@@ -374,7 +130,7 @@ impl LinkWatch {
                 }
             }
             if let Err(error) = outcome {
-                error!(error = %error, source = ?std::error::Error::source(&error), "link watch failed: no more interface events");
+                error!(error = %errors::chain(&error), "link watch failed: no more interface events");
                 return;
             }
         }
@@ -603,381 +359,6 @@ fn enlarge_receive_buffer(socket: &Socket) {
     }
 }
 
-fn request_bytes(message: RouteNetlinkMessage, flags: u16, seq: u32) -> Vec<u8> {
-    let mut request = NetlinkMessage::from(message);
-    request.header.flags = flags;
-    request.header.sequence_number = seq;
-    request.finalize();
-    let mut bytes = vec![0; request.buffer_len()];
-    request.serialize(&mut bytes);
-    bytes
-}
-
-/// Splits a datagram into its netlink messages, skipping ones this crate cannot decode.
-fn parse_datagram(datagram: &[u8]) -> Vec<NetlinkMessage<RouteNetlinkMessage>> {
-    let mut messages = Vec::new();
-    let mut offset = 0;
-    while let Some(rest) = datagram.get(offset..).filter(|rest| !rest.is_empty()) {
-        let length = match NetlinkBuffer::new_checked(rest) {
-            Ok(buffer) => buffer.length() as usize,
-            Err(error) => {
-                warn!(%error, "malformed netlink datagram: rest skipped");
-                break;
-            }
-        };
-        match NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rest[..length]) {
-            Ok(message) => messages.push(message),
-            Err(error) => warn!(%error, "undecodable rtnetlink message skipped"),
-        }
-        offset += length.next_multiple_of(4);
-    }
-    messages
-}
-
-/// Maps nsids (the kernel's names for other network namespaces, relative to ours) to netns
-/// inodes, by asking the kernel the nsid of each netns file it can find.
-struct NetnsResolver {
-    /// Non-blocking: the kernel answers RTM_GETNSID inside sendmsg(2), so the reply is
-    /// already queued when send returns.
-    socket: Socket,
-    seq: u32,
-    /// Device of nsfs: files elsewhere (e.g. a stale /run/netns entry) are no netns.
-    nsfs_dev: u64,
-    by_nsid: HashMap<i32, u64>,
-    last_scan: Option<Instant>,
-}
-
-impl NetnsResolver {
-    fn open() -> Result<Self, InterfaceError> {
-        let mut socket = Socket::new(NETLINK_ROUTE).map_err(netlink_error("opening the nsid socket"))?;
-        socket.bind_auto().map_err(netlink_error("binding the nsid socket"))?;
-        socket.set_non_blocking(true).map_err(netlink_error("configuring the nsid socket"))?;
-        let nsfs_dev = std::fs::metadata(OWN_NETNS)
-            .map_err(|source| InterfaceError::Netns { path: OWN_NETNS.into(), source })?
-            .dev();
-        Ok(Self { socket, seq: 0, nsfs_dev, by_nsid: HashMap::new(), last_scan: None })
-    }
-
-    fn lookup(&self, nsid: i32) -> Option<u64> {
-        self.by_nsid.get(&nsid).copied()
-    }
-
-    /// The kernel deleted this nsid (its netns is gone); the number may be reused.
-    fn forget(&mut self, nsid: i32) {
-        self.by_nsid.remove(&nsid);
-    }
-
-    fn clear(&mut self) {
-        self.by_nsid.clear();
-    }
-
-    fn next_scan_allowed_at(&self) -> Instant {
-        self.last_scan.map_or_else(Instant::now, |last| last + RESCAN_INTERVAL)
-    }
-
-    /// Pinned netns files first (cheap, and where CNI runtimes keep pod namespaces), then
-    /// every process's, unless the pinned ones already answered all `wanted` nsids.
-    async fn rescan(&mut self, wanted: &HashSet<i32>) {
-        let started = Instant::now();
-        self.last_scan = Some(started);
-        let mut skip: HashSet<u64> = self.by_nsid.values().copied().collect();
-        let pinned = PINNED_NETNS_DIRS.iter().flat_map(|dir| dir_entries(Path::new(dir)));
-        let pinned = unique_netns_files(pinned, self.nsfs_dev, &mut skip);
-        self.ask_nsids(&pinned);
-        let mut processes = 0;
-        if !wanted.iter().all(|nsid| self.by_nsid.contains_key(nsid)) {
-            let nsfs_dev = self.nsfs_dev;
-            let listed = tokio::task::spawn_blocking(move || {
-                let files = dir_entries(Path::new("/proc"))
-                    .into_iter()
-                    .filter(|path| {
-                        path.file_name().is_some_and(|name| name.as_encoded_bytes().iter().all(u8::is_ascii_digit))
-                    })
-                    .map(|path| path.join("ns/net"));
-                unique_netns_files(files, nsfs_dev, &mut skip)
-            })
-            .await;
-            match listed {
-                Ok(files) => {
-                    processes = files.len();
-                    self.ask_nsids(&files);
-                }
-                Err(error) => warn!(%error, "listing process network namespaces failed"),
-            }
-        }
-        debug!(
-            pinned = pinned.len(),
-            processes,
-            known = self.by_nsid.len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "rescanned network namespaces"
-        );
-    }
-
-    fn ask_nsids(&mut self, files: &[PathBuf]) {
-        for path in files {
-            let file = match File::open(path) {
-                Ok(file) => file,
-                Err(error) => {
-                    debug!(path = %path.display(), %error, "netns file vanished");
-                    continue;
-                }
-            };
-            // The path may name another netns by now (pid reuse): trust the open file.
-            let inode = match file.metadata() {
-                Ok(metadata) if metadata.dev() == self.nsfs_dev => metadata.ino(),
-                Ok(_) => continue,
-                Err(error) => {
-                    debug!(path = %path.display(), %error, "netns file unreadable");
-                    continue;
-                }
-            };
-            match self.query_nsid(&file) {
-                Ok(Some(nsid)) => {
-                    self.by_nsid.insert(nsid, inode);
-                }
-                Ok(None) => {}
-                Err(error) => debug!(path = %path.display(), %error, "RTM_GETNSID failed"),
-            }
-        }
-    }
-
-    /// RTM_GETNSID with NETNSA_FD; None for NETNSA_NSID_NOT_ASSIGNED (-1).
-    fn query_nsid(&mut self, netns: &File) -> io::Result<Option<i32>> {
-        let fd = u32::try_from(netns.as_raw_fd()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        self.seq = self.seq.wrapping_add(1);
-        let mut message = NsidMessage::default();
-        message.attributes.push(NsidAttribute::Fd(fd));
-        let request = request_bytes(RouteNetlinkMessage::GetNsId(message), NLM_F_REQUEST, self.seq);
-        self.socket.send_to(&request, &SocketAddr::new(0, 0), 0)?;
-        loop {
-            // WouldBlock here means no reply: reported as an error, never waited for.
-            let (datagram, _) = self.socket.recv_from_full()?;
-            for reply in parse_datagram(&datagram) {
-                if reply.header.sequence_number != self.seq {
-                    continue;
-                }
-                match reply.payload {
-                    NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNsId(reply)) => {
-                        return Ok(reply.attributes.iter().find_map(|attribute| match attribute {
-                            NsidAttribute::Id(nsid) if *nsid >= 0 => Some(*nsid),
-                            _ => None,
-                        }));
-                    }
-                    NetlinkPayload::Error(error) if error.code.is_some() => {
-                        return Err(error.to_io());
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-}
-
-fn dir_entries(dir: &Path) -> Vec<PathBuf> {
-    match std::fs::read_dir(dir) {
-        Ok(entries) => entries.filter_map(|entry| entry.ok().map(|entry| entry.path())).collect(),
-        Err(error) => {
-            if error.kind() != io::ErrorKind::NotFound {
-                debug!(dir = %dir.display(), %error, "cannot list network namespace files");
-            }
-            Vec::new()
-        }
-    }
-}
-
-/// Netns files among `paths`, one per netns, skipping the inodes in `skip` (and adding theirs).
-fn unique_netns_files(
-    paths: impl IntoIterator<Item = PathBuf>,
-    nsfs_dev: u64,
-    skip: &mut HashSet<u64>,
-) -> Vec<PathBuf> {
-    paths
-        .into_iter()
-        .filter(|path| {
-            std::fs::metadata(path).is_ok_and(|metadata| metadata.dev() == nsfs_dev && skip.insert(metadata.ino()))
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use netlink_packet_route::link::{InfoKind, LinkHeader};
-
-    use super::*;
-
-    fn defaults() -> Vec<String> {
-        InterfaceFilter::DEFAULT_INCLUDE.iter().map(|glob| glob.to_string()).collect()
-    }
-
-    fn filter(include: &[&str], exclude: &[&str]) -> InterfaceFilter {
-        let owned = |globs: &[&str]| globs.iter().map(|glob| glob.to_string()).collect::<Vec<_>>();
-        InterfaceFilter::new(&owned(include), &owned(exclude)).expect("valid globs")
-    }
-
-    fn link(ifindex: u32, name: &str) -> LinkFacts {
-        LinkFacts {
-            ifindex,
-            name: name.to_string(),
-            kind: None,
-            is_ethernet: true,
-            up: true,
-            oper_up: true,
-            peer: None,
-        }
-    }
-
-    fn veth(ifindex: u32, name: &str, netnsid: Option<i32>) -> LinkFacts {
-        LinkFacts {
-            kind: Some("veth".to_string()),
-            peer: Some(PeerLink { ifindex: 2, netnsid, netns_inode: netnsid.map(|_| 4026532000) }),
-            ..link(ifindex, name)
-        }
-    }
-
-    #[test]
-    fn default_globs_watch_sdn_devices_and_nothing_else() {
-        let filter = InterfaceFilter::new(&defaults(), &[]).expect("defaults are valid");
-        for name in
-            ["veth1a2b3c4d", "br0", "tun0", "vxlan_sys_4789", "genev_sys_6081", "br-int", "br-ex", "ovn-k8s-mp0"]
-        {
-            assert!(filter.watches(&link(1, name)), "{name} should be watched");
-        }
-        for name in ["lo", "eth0", "ens3", "br-test", "br00", "tun1", "docker0", "xveth0"] {
-            assert!(!filter.watches(&link(1, name)), "{name} should not be watched");
-        }
-    }
-
-    #[test]
-    fn exclude_wins_over_include_and_over_the_pod_veth_rule() {
-        let filter = filter(&["veth*"], &["veth9*", "0123*"]);
-        assert!(filter.watches(&link(1, "veth1234")));
-        assert!(!filter.watches(&link(1, "veth9abc")));
-        assert!(!filter.watches(&veth(1, "0123456789abcde", Some(3))), "exclude beats the pod-veth rule");
-    }
-
-    #[test]
-    fn a_veth_is_watched_by_name_only_when_its_peer_is_local() {
-        let filter = filter(&[], &[]);
-        // OVN-Kubernetes names pod veths after the container ID: no include glob matches.
-        assert!(filter.watches(&veth(7, "0123456789abcde", Some(3))));
-        assert!(!filter.watches(&veth(7, "0123456789abcde", None)), "both ends in this netns");
-        let tunnel = LinkFacts {
-            kind: Some("vxlan".to_string()),
-            peer: Some(PeerLink { ifindex: 2, netnsid: Some(3), netns_inode: None }),
-            ..link(7, "0123456789abcde")
-        };
-        assert!(!filter.watches(&tunnel), "only veths have pod peers");
-    }
-
-    #[test]
-    fn a_bad_glob_is_named_in_the_error() {
-        for (include, exclude) in [(&["veth["][..], &[][..]), (&["veth*"][..], &["br-[x"][..])] {
-            let owned = |globs: &[&str]| globs.iter().map(|glob| glob.to_string()).collect::<Vec<_>>();
-            let error = InterfaceFilter::new(&owned(include), &owned(exclude)).expect_err("invalid glob");
-            let bad = include.iter().chain(exclude).find(|glob| glob.contains('[')).copied().unwrap_or_default();
-            assert!(matches!(&error, InterfaceError::Glob { glob, .. } if glob == bad), "{error:?}");
-            assert!(error.to_string().contains(bad), "{error}");
-        }
-    }
-
-    fn link_message(ifindex: u32, name: &str, kind: Option<InfoKind>, extra: Vec<LinkAttribute>) -> LinkMessage {
-        let mut message = LinkMessage::default();
-        message.header = LinkHeader {
-            index: ifindex,
-            link_layer_type: LinkLayerType::Ether,
-            flags: LinkFlags::Up | LinkFlags::Broadcast,
-            ..LinkHeader::default()
-        };
-        message.attributes.push(LinkAttribute::IfName(name.to_string()));
-        message.attributes.extend(kind.map(|kind| LinkAttribute::LinkInfo(vec![LinkInfo::Kind(kind)])));
-        message.attributes.extend(extra);
-        message
-    }
-
-    #[test]
-    fn facts_come_from_the_link_message() {
-        let message =
-            link_message(9, "veth1", Some(InfoKind::Veth), vec![LinkAttribute::Link(4), LinkAttribute::LinkNetNsId(2)]);
-        let facts = LinkFacts::from_message(&message).expect("has a name");
-        assert_eq!(
-            facts,
-            LinkFacts {
-                ifindex: 9,
-                name: "veth1".into(),
-                kind: Some("veth".into()),
-                is_ethernet: true,
-                up: true,
-                oper_up: false,
-                peer: Some(PeerLink { ifindex: 4, netnsid: Some(2), netns_inode: None }),
-            }
-        );
-        let vlan = link_message(10, "eth0.5", Some(InfoKind::Vlan), vec![LinkAttribute::Link(2)]);
-        let vlan = LinkFacts::from_message(&vlan).expect("has a name");
-        assert_eq!((vlan.kind.as_deref(), vlan.peer), (Some("vlan"), None), "a vlan's lower device is no peer");
-        let mut nameless = link_message(11, "x", None, vec![]);
-        nameless.attributes.clear();
-        assert_eq!(LinkFacts::from_message(&nameless), None);
-    }
-
-    #[test]
-    fn parse_datagram_splits_packed_messages() {
-        let first = request_bytes(RouteNetlinkMessage::NewLink(link_message(1, "a", None, vec![])), 0, 7);
-        let second = request_bytes(RouteNetlinkMessage::NewLink(link_message(2, "bcdef", None, vec![])), 0, 8);
-        let mut datagram = first.clone();
-        datagram.resize(first.len().next_multiple_of(4), 0);
-        datagram.extend(&second);
-        let seqs: Vec<u32> = parse_datagram(&datagram).iter().map(|message| message.header.sequence_number).collect();
-        assert_eq!(seqs, [7, 8]);
-        assert!(parse_datagram(&datagram[..10]).is_empty(), "a truncated header is skipped");
-    }
-
-    #[test]
-    fn table_reports_only_watched_links_and_real_changes() {
-        let mut table = LinkTable::new(filter(&["veth*"], &["vethx*"]));
-        let mut veth1 = link(5, "veth1");
-        assert_eq!(table.upsert(veth1.clone()), Some(LinkEvent::Added(veth1.clone())));
-        assert_eq!(table.upsert(veth1.clone()), None, "same facts, no event");
-        veth1.up = false;
-        assert_eq!(table.upsert(veth1.clone()), Some(LinkEvent::Changed(veth1.clone())));
-        assert_eq!(table.upsert(link(6, "eth0")), None);
-        assert_eq!(table.remove(6), None, "unwatched links leave silently");
-
-        let excluded = LinkFacts { name: "vethx1".into(), ..veth1.clone() };
-        assert_eq!(table.upsert(excluded), Some(LinkEvent::Removed { ifindex: 5, name: "veth1".into() }));
-        assert_eq!(table.upsert(veth1.clone()), Some(LinkEvent::Added(veth1.clone())), "renamed back");
-        assert_eq!(table.watched(), vec![veth1.clone()]);
-        assert_eq!(table.remove(5), Some(LinkEvent::Removed { ifindex: 5, name: "veth1".into() }));
-        assert!(table.watched().is_empty());
-    }
-
-    #[test]
-    fn a_resync_removes_links_the_dump_did_not_report() {
-        let mut table = LinkTable::new(filter(&["veth*"], &[]));
-        for facts in [link(3, "veth3"), link(4, "veth4"), link(5, "eth5")] {
-            table.upsert(facts);
-        }
-        let removed = table.retain(&HashSet::from([4]));
-        assert_eq!(removed, vec![LinkEvent::Removed { ifindex: 3, name: "veth3".into() }]);
-        assert_eq!(table.links.keys().copied().collect::<Vec<_>>(), vec![4]);
-    }
-
-    #[test]
-    fn table_finds_local_peers_and_unresolved_pod_peers() {
-        let mut table = LinkTable::new(filter(&["veth*"], &[]));
-        table.upsert(veth(3, "veth3", None));
-        let mut pod = veth(4, "veth4", Some(1));
-        table.upsert(pod.clone());
-        assert_eq!(table.same_netns_peers_of(2), vec![3], "only the veth whose peer is local");
-        assert!(table.unresolved().is_empty());
-        if let Some(peer) = pod.peer.as_mut() {
-            peer.netns_inode = None;
-        }
-        table.upsert(pod);
-        assert_eq!(table.unresolved(), vec![(4, 1)]);
-    }
-}
-
 /// Real netlink in real network namespaces (root): `cargo xtask test`.
 #[cfg(test)]
 mod netns_tests {
@@ -986,9 +367,12 @@ mod netns_tests {
         process::{Child, Command, Stdio},
     };
 
+    use std::{fs::File, os::unix::fs::MetadataExt, time::Duration};
+
     use nix::sched::{CloneFlags, setns};
 
     use super::*;
+    use crate::sampling::OwnNetns;
 
     const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -1144,7 +528,7 @@ mod netns_tests {
         let (holder, holder_inode) = NetnsHolder::spawn();
 
         in_netns(&host, || async {
-            assert_eq!(own_netns_inode().expect("own netns"), host_inode, "the calling thread's netns");
+            assert_eq!(OwnNetns::of_this_thread().expect("own netns").inode, host_inode, "the calling thread's netns");
             let include: Vec<String> = InterfaceFilter::DEFAULT_INCLUDE.iter().map(|glob| glob.to_string()).collect();
             let filter = InterfaceFilter::new(&include, &["vethexcl*".to_string()]).expect("filter");
             let (initial, mut events) = watch_links(filter).await.expect("watch_links");

@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -14,8 +14,9 @@ use tracing::{info, warn};
 
 use crate::{
     datapath::{AttachMode, Datapath, ProbeReport, ProgramRunStats},
-    lifecycle::timeline::EventKind,
-    sampling::link_watch::{LinkEvent, LinkFacts},
+    errors,
+    sampling::{LinkEvent, LinkFacts},
+    sync,
 };
 
 /// Label used for drops on devices that are not watched.
@@ -47,6 +48,20 @@ pub struct Sample {
     pub map_errors: [u64; MAP_ERROR_SLOTS as usize],
     pub attached: usize,
     pub probes: ProbeReport,
+}
+
+/// The latest sample: published by the sampling loop, read by every scrape.
+#[derive(Debug, Default)]
+pub struct LatestSample(RwLock<Arc<Sample>>);
+
+impl LatestSample {
+    pub fn publish(&self, sample: Sample) {
+        *sync::write(&self.0) = Arc::new(sample);
+    }
+
+    pub fn get(&self) -> Arc<Sample> {
+        Arc::clone(&sync::read(&self.0))
+    }
 }
 
 /// A watched link as served by `/api/v1/interfaces`: netlink facts, pod and attach state.
@@ -93,60 +108,6 @@ pub trait PodSource: Send + Sync {
 }
 
 type PodCache = HashMap<(u32, String), (u64, Option<PodLabels>)>;
-
-/// A lifecycle event derived from a netlink link event.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InterfaceChange {
-    pub kind: EventKind,
-    pub interface: String,
-    pub detail: String,
-}
-
-fn is_up(link: &LinkFacts) -> bool {
-    link.up && link.oper_up
-}
-
-fn describe(link: &LinkFacts) -> String {
-    let mut text = format!("ifindex {}", link.ifindex);
-    if let Some(kind) = &link.kind {
-        text.push_str(&format!(", {kind}"));
-    }
-    if let Some(peer) = &link.peer
-        && let Some(netns) = peer.netns_inode
-    {
-        text.push_str(&format!(", peer ifindex {} in netns {netns}", peer.ifindex));
-    }
-    text.push_str(if is_up(link) { ", up" } else { ", down" });
-    text
-}
-
-/// The lifecycle events a link event means, given the link's previous facts (None if it was not watched).
-pub fn interface_changes(previous: Option<&LinkFacts>, event: &LinkEvent) -> Vec<InterfaceChange> {
-    let change =
-        |kind, interface: &str, detail: String| InterfaceChange { kind, interface: interface.to_string(), detail };
-    match (previous, event) {
-        (None, LinkEvent::Added(link) | LinkEvent::Changed(link)) => {
-            vec![change(EventKind::InterfaceAdded, &link.name, describe(link))]
-        }
-        (Some(before), LinkEvent::Added(link) | LinkEvent::Changed(link)) => {
-            let mut changes = Vec::new();
-            if before.name != link.name {
-                changes.push(change(EventKind::InterfaceRemoved, &before.name, format!("renamed to {}", link.name)));
-                changes.push(change(EventKind::InterfaceAdded, &link.name, format!("renamed from {}", before.name)));
-            }
-            match (is_up(before), is_up(link)) {
-                (false, true) => changes.push(change(EventKind::InterfaceUp, &link.name, describe(link))),
-                (true, false) => changes.push(change(EventKind::InterfaceDown, &link.name, describe(link))),
-                _ => {}
-            }
-            changes
-        }
-        (Some(before), LinkEvent::Removed { name, .. }) => {
-            vec![change(EventKind::InterfaceRemoved, name, format!("ifindex {} deleted", before.ifindex))]
-        }
-        (None, LinkEvent::Removed { .. }) => Vec::new(),
-    }
-}
 
 struct Retired {
     series: InterfaceSeries,
@@ -208,7 +169,7 @@ impl Sampler {
             return None;
         }
         let generation = pods.generation();
-        let mut cache = self.pod_cache.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cache = sync::lock(&self.pod_cache);
         let key = (link.ifindex, link.name.clone());
         if let Some((cached, labels)) = cache.get(&key)
             && *cached == generation
@@ -233,7 +194,7 @@ impl Sampler {
                     interface: link.name.clone(),
                     ifindex: link.ifindex,
                     kind: link.kind.clone(),
-                    up: is_up(link),
+                    up: link.is_up(),
                     netns: self.own_netns,
                     peer: link.peer.as_ref().map(|peer| PeerView { ifindex: peer.ifindex, netns: peer.netns_inode }),
                     pod_namespace: pod.as_ref().map(|p| p.namespace.clone()).unwrap_or_default(),
@@ -254,20 +215,22 @@ impl Sampler {
         self.datapath.probes()
     }
 
-    /// Applies one netlink event: attach, re-key, or detach and retire. Returns the
-    /// lifecycle events it means (added, removed, up, down).
-    pub fn apply(&mut self, event: LinkEvent) -> Vec<InterfaceChange> {
-        let changes = interface_changes(self.watched.get(&event.ifindex()).map(|(link, _, _)| link), &event);
+    /// The facts of watched link `ifindex` as last applied.
+    pub fn watched_link(&self, ifindex: u32) -> Option<&LinkFacts> {
+        self.watched.get(&ifindex).map(|(link, _, _)| link)
+    }
+
+    /// Applies one netlink event: attach, re-key, or detach and retire.
+    pub fn apply(&mut self, event: LinkEvent) {
         match event {
             LinkEvent::Added(link) | LinkEvent::Changed(link) => self.watch(link),
             LinkEvent::Removed { ifindex, name } => self.unwatch(ifindex, &name),
         }
-        changes
     }
 
     fn watch(&mut self, link: LinkFacts) {
         let ifindex = link.ifindex;
-        self.pod_cache.get_mut().unwrap_or_else(PoisonError::into_inner).retain(|(i, _), _| *i != ifindex);
+        sync::get_mut(&mut self.pod_cache).retain(|(i, _), _| *i != ifindex);
         if !link.is_ethernet {
             warn!(interface = link.name, "not an Ethernet device: skipped (the tc programs parse Ethernet)");
             self.watched.insert(ifindex, (link, None, Some("not an Ethernet device".into())));
@@ -278,8 +241,9 @@ impl Sampler {
         let (mode, error) = match self.datapath.attach(ifindex, &link.name) {
             Ok(mode) => (Some(mode), None),
             Err(error) => {
+                let error = errors::chain(&error);
                 warn!(interface = link.name, %error, "attach failed; interface skipped");
-                (None, Some(error.to_string()))
+                (None, Some(error))
             }
         };
         if newly && mode.is_some() {
@@ -329,7 +293,7 @@ impl Sampler {
         let mut series = self.series_for(&link, final_counters, &drops);
         series.removed = true;
         series.interface = name.to_string();
-        self.pod_cache.get_mut().unwrap_or_else(PoisonError::into_inner).retain(|(i, _), _| *i != ifindex);
+        sync::get_mut(&mut self.pod_cache).retain(|(i, _), _| *i != ifindex);
         // The kernel entries of a vanished device get no more increments: fold and forget them.
         let owned: Vec<(u64, u32)> =
             self.attribution.owners.iter().filter(|(_, owner)| **owner == ifindex).map(|(k, _)| *k).collect();
@@ -449,56 +413,5 @@ impl Sampler {
             self.datapath.detach(ifindex);
         }
         self.watched.clear();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sampling::link_watch::PeerLink;
-
-    fn link(name: &str, up: bool) -> LinkFacts {
-        LinkFacts {
-            ifindex: 7,
-            name: name.into(),
-            kind: Some("veth".into()),
-            is_ethernet: true,
-            up,
-            oper_up: up,
-            peer: Some(PeerLink { ifindex: 2, netnsid: Some(0), netns_inode: Some(4026532000) }),
-        }
-    }
-
-    fn kinds(changes: &[InterfaceChange]) -> Vec<(EventKind, &str)> {
-        changes.iter().map(|c| (c.kind, c.interface.as_str())).collect()
-    }
-
-    #[test]
-    fn link_events_become_lifecycle_events() {
-        let added = interface_changes(None, &LinkEvent::Added(link("veth1", true)));
-        assert_eq!(kinds(&added), [(EventKind::InterfaceAdded, "veth1")]);
-        assert_eq!(added[0].detail, "ifindex 7, veth, peer ifindex 2 in netns 4026532000, up");
-
-        let before = link("veth1", true);
-        let down = interface_changes(Some(&before), &LinkEvent::Changed(link("veth1", false)));
-        assert_eq!(kinds(&down), [(EventKind::InterfaceDown, "veth1")]);
-        let up = interface_changes(Some(&link("veth1", false)), &LinkEvent::Changed(link("veth1", true)));
-        assert_eq!(kinds(&up), [(EventKind::InterfaceUp, "veth1")]);
-        // Admin up but carrier down (peer down) counts as down.
-        let mut no_carrier = link("veth1", true);
-        no_carrier.oper_up = false;
-        assert_eq!(
-            kinds(&interface_changes(Some(&before), &LinkEvent::Changed(no_carrier))),
-            [(EventKind::InterfaceDown, "veth1")]
-        );
-        // Other changes (peer moved, MTU, ...) are not lifecycle events.
-        assert!(interface_changes(Some(&before), &LinkEvent::Changed(link("veth1", true))).is_empty());
-
-        let renamed = interface_changes(Some(&before), &LinkEvent::Changed(link("veth2", true)));
-        assert_eq!(kinds(&renamed), [(EventKind::InterfaceRemoved, "veth1"), (EventKind::InterfaceAdded, "veth2")]);
-
-        let removed = interface_changes(Some(&before), &LinkEvent::Removed { ifindex: 7, name: "veth1".into() });
-        assert_eq!(kinds(&removed), [(EventKind::InterfaceRemoved, "veth1")]);
-        assert!(interface_changes(None, &LinkEvent::Removed { ifindex: 7, name: "veth1".into() }).is_empty());
     }
 }
