@@ -41,29 +41,30 @@
 //! changes behind, the queue is collapsed into one Rescan (or Gone) per dir, like an inotify
 //! queue overflow: memory stays bounded and nothing is lost.
 
+mod fence;
+mod watch_table;
+
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
-    ffi::{OsStr, OsString},
-    fs::File,
+    collections::VecDeque,
+    ffi::OsString,
     io,
-    os::{
-        fd::{AsRawFd, RawFd},
-        unix::fs::MetadataExt,
-    },
+    os::fd::{AsRawFd, RawFd},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 use anyhow::Context as _;
-use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
+use inotify::Inotify;
 use tokio::{
     io::{Interest, unix::AsyncFd},
     sync::Notify,
     task::JoinHandle,
 };
-use tracing::{debug, warn};
+use tracing::warn;
 
-use crate::lifecycle::timeline::Stamp;
+pub use self::fence::{ReadFence, ReadToken, Unsettled, open_for_writing};
+use self::watch_table::WatchTable;
+use crate::{lifecycle::timeline::Stamp, sync};
 
 /// Changes queued for the consumer before the queue is collapsed into one rescan per dir.
 pub const MAX_QUEUED: usize = 16 * 1024;
@@ -120,16 +121,16 @@ impl DirChange {
 }
 
 /// The inotify instance, what its watches are for, and the changes not yet received.
-struct Core {
+struct InotifyState {
     inotify: Inotify,
     buffer: Vec<u8>,
-    tracker: Tracker,
+    table: WatchTable,
     queue: VecDeque<DirChange>,
     /// Reading inotify failed: no more changes will come.
     failed: bool,
 }
 
-impl Core {
+impl InotifyState {
     /// Reads and handles every event the kernel has queued. Ok once the queue is empty.
     fn drain(&mut self) -> io::Result<()> {
         if self.failed {
@@ -149,38 +150,40 @@ impl Core {
             let stamp = Stamp::now();
             for event in events {
                 let wd = event.wd.get_watch_descriptor_id();
-                let changes = self.tracker.handle(event.mask, wd, event.name, stamp);
+                let changes = self.table.handle(event.mask, wd, event.name, stamp);
                 self.queue.extend(changes);
             }
             if self.queue.len() > MAX_QUEUED {
                 warn!(queued = self.queue.len(), "directory changes piling up; collapsing them into rescans");
                 self.queue.clear();
-                self.queue.extend(self.tracker.current_state(stamp));
+                self.queue.extend(self.table.current_state(stamp));
             }
         }
     }
 }
 
-struct Shared {
-    core: Mutex<Core>,
+/// The inotify state shared by the watcher, its reader task and the read fences, and the
+/// wake-up of the consumer.
+pub(super) struct SharedInotify {
+    state: Mutex<InotifyState>,
     /// Signalled when changes were queued (or reading failed).
     queued: Notify,
-    /// The inotify fd, for readiness polling (owned by `core`, which outlives every user).
+    /// The inotify fd, for readiness polling (owned by `state`, which outlives every user).
     fd: RawFd,
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Core> {
-        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+impl SharedInotify {
+    fn lock(&self) -> MutexGuard<'_, InotifyState> {
+        sync::lock(&self.state)
     }
 
     /// Drains the kernel queue and wakes the consumer if anything was queued.
     fn drain(&self) -> io::Result<()> {
         let (result, queued) = {
-            let mut core = self.lock();
-            let before = core.queue.len();
-            let result = core.drain();
-            (result, core.queue.len() != before || core.failed)
+            let mut state = self.lock();
+            let before = state.queue.len();
+            let result = state.drain();
+            (result, state.queue.len() != before || state.failed)
         };
         if queued {
             self.queued.notify_one();
@@ -190,82 +193,11 @@ impl Shared {
 }
 
 /// Registers the inotify fd with the reactor; holds the fd's owner alive while registered.
-struct SharedFd(Arc<Shared>);
+struct InotifyFd(Arc<SharedInotify>);
 
-impl AsRawFd for SharedFd {
+impl AsRawFd for InotifyFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.fd
-    }
-}
-
-/// Tells a consumer which entries it may have read half-written or stale (see the module doc).
-/// Cheap to clone (shared with the watcher).
-#[derive(Clone)]
-pub struct ReadFence(Arc<Shared>);
-
-/// An open read of a watched dir's entries, from [`ReadFence::begin`] to [`ReadFence::end`].
-pub struct ReadToken {
-    shared: Arc<Shared>,
-    dir: PathBuf,
-    /// Events on entries up to this one had been seen when the read began.
-    seq: u64,
-}
-
-impl ReadFence {
-    /// Call before reading entries of watched dir `dir`.
-    pub fn begin(&self, dir: &Path) -> ReadToken {
-        let _ = self.0.drain();
-        let mut core = self.0.lock();
-        *core.tracker.readers.entry(dir.to_path_buf()).or_default() += 1;
-        ReadToken { shared: self.0.clone(), dir: dir.to_path_buf(), seq: core.tracker.event_seq }
-    }
-
-    /// Call after reading: which entries of the dir cannot be taken as read (see [`Unsettled`]).
-    pub fn end(&self, token: ReadToken) -> Unsettled {
-        let _ = token.shared.drain();
-        let unsettled = {
-            let core = token.shared.lock();
-            let tracker = &core.tracker;
-            let touched = tracker.touched.get(&token.dir).into_iter().flatten();
-            let changed = touched.filter(|(_, seq)| **seq > token.seq).map(|(name, _)| name.clone()).collect();
-            let writing =
-                tracker.pending.iter().filter(|(dir, _)| *dir == token.dir).map(|(_, name)| name.clone()).collect();
-            Unsettled { changed, writing, all: tracker.lost_at > token.seq }
-        };
-        drop(token); // takes the lock again
-        unsettled
-    }
-}
-
-/// What [`ReadFence::end`] found: entries whose read may be partial or stale.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Unsettled {
-    /// Entries with events since the read began: what was read may be stale or partial; read
-    /// them again.
-    pub changed: HashSet<OsString>,
-    /// Entries being written as far as inotify tells (modified or created, not yet closed,
-    /// renamed or deleted). Use when [`open_for_writing`] cannot tell.
-    pub writing: HashSet<OsString>,
-    /// Events were lost meanwhile (inotify queue overflow): trust nothing that was read; a
-    /// Rescan of every dir is queued.
-    pub all: bool,
-}
-
-impl Drop for ReadToken {
-    fn drop(&mut self) {
-        let mut core = self.shared.lock();
-        let tracker = &mut core.tracker;
-        let done = match tracker.readers.get_mut(&self.dir) {
-            Some(readers) => {
-                *readers = readers.saturating_sub(1);
-                *readers == 0
-            }
-            None => false,
-        };
-        if done {
-            tracker.readers.remove(&self.dir);
-            tracker.touched.remove(&self.dir);
-        }
     }
 }
 
@@ -273,7 +205,7 @@ impl Drop for ReadToken {
 /// inotify task.
 pub struct DirWatcher {
     dirs: Vec<PathBuf>,
-    shared: Arc<Shared>,
+    shared: Arc<SharedInotify>,
     task: JoinHandle<()>,
 }
 
@@ -290,11 +222,11 @@ impl DirWatcher {
     pub async fn recv(&mut self) -> Option<DirChange> {
         loop {
             {
-                let mut core = self.shared.lock();
-                if let Some(change) = core.queue.pop_front() {
+                let mut state = self.shared.lock();
+                if let Some(change) = state.queue.pop_front() {
                     return Some(change);
                 }
-                if core.failed {
+                if state.failed {
                     return None;
                 }
             }
@@ -329,47 +261,17 @@ pub fn watch_dirs(dirs: Vec<PathBuf>) -> anyhow::Result<DirWatcher> {
     }
     let inotify = Inotify::init().context("inotify_init1 failed")?;
     let fd = inotify.as_raw_fd();
-    let mut tracker = Tracker::new(inotify.watches(), targets.clone());
-    let queue = tracker.reconcile(false, Stamp::now()).into();
-    let core = Core { inotify, buffer: vec![0; READ_BUFFER], tracker, queue, failed: false };
-    let shared = Arc::new(Shared { core: Mutex::new(core), queued: Notify::new(), fd });
-    // SAFETY: the fd belongs to the `Inotify` inside `shared`, which `SharedFd` keeps alive: it
+    let mut table = WatchTable::new(inotify.watches(), targets.clone());
+    let queue = table.reconcile(false, Stamp::now()).into();
+    let state = InotifyState { inotify, buffer: vec![0; READ_BUFFER], table, queue, failed: false };
+    let shared = Arc::new(SharedInotify { state: Mutex::new(state), queued: Notify::new(), fd });
+    // SAFETY: the fd belongs to the `Inotify` inside `shared`, which `InotifyFd` keeps alive: it
     // stays open, and is the same fd, for as long as the AsyncFd exists.
-    let readiness = unsafe { AsyncFd::register_with_interest(SharedFd(shared.clone()), Interest::READABLE) }
+    let readiness = unsafe { AsyncFd::register_with_interest(InotifyFd(shared.clone()), Interest::READABLE) }
         .map_err(io::Error::from)
         .context("cannot poll the inotify fd")?;
     let task = tokio::spawn(run(readiness));
     Ok(DirWatcher { dirs: targets, shared, task })
-}
-
-/// `F_SETSIG` (asm-generic/fcntl.h, not overridden by any architecture; the libc crate lacks
-/// it for glibc targets).
-const F_SETSIG: libc::c_int = 10;
-
-/// Whether anyone has `file` (a regular file opened read-only) open for writing right now.
-/// Probes for a read lease (`F_SETLEASE F_RDLCK` fails with EAGAIN while the file is open for
-/// writing) and releases it at once. None when that cannot tell: leases unavailable (neither
-/// the file's owner nor CAP_LEASE, `fs.leases-enable=0`, a filesystem without leases).
-///
-/// Side effects, both tiny: a writer opening the file during the microseconds the lease is held
-/// waits for its release; and the lease-break signal goes to this process, so it is set to
-/// SIGURG first (ignored by default; the default SIGIO would terminate the process).
-pub fn open_for_writing(file: &File) -> Option<bool> {
-    let fd = file.as_raw_fd();
-    // SAFETY: fcntl on an fd owned by `file`, with integer arguments only.
-    unsafe {
-        if libc::fcntl(fd, F_SETSIG, libc::SIGURG) != 0 {
-            return None;
-        }
-        if libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) == 0 {
-            libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK);
-            return Some(false);
-        }
-    }
-    match io::Error::last_os_error().raw_os_error() {
-        Some(libc::EAGAIN) => Some(true),
-        _ => None,
-    }
 }
 
 /// Absolute and lexically normalized: `std::path::absolute`, then `.` and trailing `/` dropped.
@@ -379,7 +281,7 @@ pub fn normalize(dir: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Reads inotify events as they come.
-async fn run(readiness: AsyncFd<SharedFd>) {
+async fn run(readiness: AsyncFd<InotifyFd>) {
     loop {
         let mut guard = match readiness.readable().await {
             Ok(guard) => guard,
@@ -400,298 +302,18 @@ async fn run(readiness: AsyncFd<SharedFd>) {
     }
 }
 
-/// Everything reported for a watched directory's entries, plus `IN_MODIFY` (not reported) to
-/// know which entries are being written.
-fn dir_mask() -> WatchMask {
-    WatchMask::CLOSE_WRITE
-        | WatchMask::MODIFY
-        | WatchMask::MOVED_TO
-        | WatchMask::MOVED_FROM
-        | WatchMask::DELETE
-        | WatchMask::CREATE
-        | WatchMask::ATTRIB
-        | WatchMask::DELETE_SELF
-        | WatchMask::MOVE_SELF
-        | WatchMask::ONLYDIR
-}
-
-/// Enough to follow the next path component of an ancestor. Added with `MASK_ADD`, so an
-/// inode that is also a watched dir (through another path) keeps its full mask.
-fn ancestor_mask() -> WatchMask {
-    WatchMask::CREATE
-        | WatchMask::MOVED_TO
-        | WatchMask::MOVED_FROM
-        | WatchMask::DELETE
-        | WatchMask::DELETE_SELF
-        | WatchMask::MOVE_SELF
-        | WatchMask::ONLYDIR
-        | WatchMask::MASK_ADD
-}
-
-/// Events about an ancestor's entry that can change whether the next component exists.
-fn structural_events() -> EventMask {
-    EventMask::CREATE | EventMask::MOVED_TO | EventMask::MOVED_FROM | EventMask::DELETE
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum TargetState {
-    /// Nothing reported yet.
-    Unknown,
-    /// Reported gone.
-    Gone,
-    /// Reported present, watched with this watch descriptor (None: exists but cannot be watched).
-    Present(Option<i32>),
-}
-
-struct Target {
-    dir: PathBuf,
-    state: TargetState,
-}
-
-/// The watches and what each one is for. Pure bookkeeping around `inotify_add_watch`.
-struct Tracker {
-    watches: Watches,
-    targets: Vec<Target>,
-    /// Every watched path (targets and their existing ancestors) → its watch descriptor.
-    path_wd: HashMap<PathBuf, i32>,
-    /// Live watch descriptors (several paths may share one inode, hence one descriptor).
-    wds: HashMap<i32, WatchDescriptor>,
-    /// Paths already warned about (a failing watch is warned about once).
-    warned: HashSet<PathBuf>,
-    /// Entries being written: (target dir, name).
-    pending: HashSet<(PathBuf, OsString)>,
-    /// Events on entries of watched dirs seen so far.
-    event_seq: u64,
-    /// Open reads per dir ([`ReadToken`]s).
-    readers: HashMap<PathBuf, u32>,
-    /// For dirs with open reads: each entry's last event (`event_seq`).
-    touched: HashMap<PathBuf, HashMap<OsString, u64>>,
-    /// The `event_seq` of the last inotify queue overflow (events lost).
-    lost_at: u64,
-}
-
-impl Tracker {
-    fn new(watches: Watches, dirs: Vec<PathBuf>) -> Self {
-        let targets = dirs.into_iter().map(|dir| Target { dir, state: TargetState::Unknown }).collect();
-        Self {
-            watches,
-            targets,
-            path_wd: HashMap::new(),
-            wds: HashMap::new(),
-            warned: HashSet::new(),
-            pending: HashSet::new(),
-            event_seq: 0,
-            readers: HashMap::new(),
-            touched: HashMap::new(),
-            lost_at: 0,
-        }
-    }
-
-    /// One inotify event → the changes to report.
-    fn handle(&mut self, mask: EventMask, wd: i32, name: Option<&OsStr>, stamp: Stamp) -> Vec<DirChange> {
-        if mask.contains(EventMask::Q_OVERFLOW) {
-            warn!("inotify queue overflowed; rescanning every watched directory");
-            self.event_seq += 1;
-            self.lost_at = self.event_seq;
-            return self.reconcile(true, stamp);
-        }
-        if mask.contains(EventMask::IGNORED) {
-            // The kernel dropped the watch (inode deleted, fs unmounted) or we removed it.
-            if self.wds.remove(&wd).is_some() {
-                self.path_wd.retain(|_, w| *w != wd);
-                return self.reconcile(false, stamp);
-            }
-            return Vec::new();
-        }
-        if mask.intersects(EventMask::DELETE_SELF | EventMask::MOVE_SELF) {
-            return if self.wds.contains_key(&wd) { self.reconcile(false, stamp) } else { Vec::new() };
-        }
-        let Some(name) = name else { return Vec::new() };
-        let paths: Vec<&PathBuf> = self.path_wd.iter().filter(|(_, w)| **w == wd).map(|(path, _)| path).collect();
-        let mut changes = Vec::new();
-        let mut structural = false;
-        for path in paths {
-            for target in &self.targets {
-                if target.dir == *path && target.state == TargetState::Present(Some(wd)) {
-                    self.event_seq += 1;
-                    if self.readers.contains_key(path) {
-                        self.touched.entry(path.clone()).or_default().insert(name.to_owned(), self.event_seq);
-                    }
-                    match classify(mask, path, name) {
-                        Classified::Report(event) => {
-                            if !matches!(event, EntryEvent::Created | EntryEvent::Attrib) {
-                                self.pending.remove(&(path.clone(), name.to_owned()));
-                            }
-                            changes.push(DirChange::Entry {
-                                dir: target.dir.clone(),
-                                name: name.to_owned(),
-                                event,
-                                stamp,
-                            });
-                        }
-                        Classified::Writing => {
-                            self.pending.insert((path.clone(), name.to_owned()));
-                        }
-                        Classified::Ignore => {}
-                    }
-                }
-                if mask.intersects(structural_events()) && next_component(&target.dir, path) == Some(name) {
-                    structural = true;
-                }
-            }
-        }
-        if structural {
-            changes.extend(self.reconcile(false, stamp));
-        }
-        changes
-    }
-
-    /// Every target as it stands, for a consumer that lost track: Rescan (present) or Gone.
-    fn current_state(&mut self, stamp: Stamp) -> Vec<DirChange> {
-        self.pending.clear();
-        self.targets
-            .iter()
-            .map(|target| match target.state {
-                TargetState::Present(_) => DirChange::Rescan { dir: target.dir.clone(), stamp },
-                TargetState::Gone | TargetState::Unknown => DirChange::Gone { dir: target.dir.clone(), stamp },
-            })
-            .collect()
-    }
-
-    /// Walks every target's path from `/` down, watching each existing prefix, and reports
-    /// targets that appeared (Rescan), were replaced (Rescan) or disappeared (Gone). With
-    /// `rescan_all`, every existing target is reported Rescan. Watches no longer needed are
-    /// removed.
-    fn reconcile(&mut self, rescan_all: bool, stamp: Stamp) -> Vec<DirChange> {
-        let mut desired: HashMap<PathBuf, i32> = HashMap::new();
-        let mut changes = Vec::new();
-        for index in 0..self.targets.len() {
-            let dir = self.targets[index].dir.clone();
-            let prefixes = prefixes(&dir);
-            let mut found = None;
-            for (position, prefix) in prefixes.iter().enumerate() {
-                let is_target = position + 1 == prefixes.len();
-                let Some(wd) = self.watch(prefix, is_target) else { break };
-                if let Some(wd) = wd {
-                    desired.insert(prefix.clone(), wd);
-                }
-                if is_target {
-                    found = Some(wd);
-                }
-            }
-            let target = &mut self.targets[index];
-            match (found, target.state) {
-                (Some(wd), TargetState::Present(old)) if old == wd && !rescan_all => {}
-                (Some(wd), _) => {
-                    debug!(dir = %dir.display(), "watched directory present; rescanning");
-                    target.state = TargetState::Present(wd);
-                    self.pending.retain(|(pending, _)| *pending != dir);
-                    changes.push(DirChange::Rescan { dir, stamp });
-                }
-                (None, TargetState::Gone) => {}
-                (None, _) => {
-                    debug!(dir = %dir.display(), "watched directory absent");
-                    target.state = TargetState::Gone;
-                    self.pending.retain(|(pending, _)| *pending != dir);
-                    changes.push(DirChange::Gone { dir, stamp });
-                }
-            }
-        }
-        let live: HashSet<i32> = desired.values().copied().collect();
-        let stale: Vec<i32> = self.wds.keys().filter(|wd| !live.contains(wd)).copied().collect();
-        for wd in stale {
-            if let Some(descriptor) = self.wds.remove(&wd) {
-                // Fails harmlessly when the kernel already dropped it.
-                let _ = self.watches.remove(descriptor);
-            }
-        }
-        self.path_wd = desired;
-        changes
-    }
-
-    /// Watches `path` if it is an existing directory. None: it is not (or no longer) one.
-    /// Some(None): it is one but cannot be watched (warned once).
-    fn watch(&mut self, path: &Path, is_target: bool) -> Option<Option<i32>> {
-        let mask = if is_target { dir_mask() } else { ancestor_mask() };
-        match self.watches.add(path, mask) {
-            Ok(descriptor) => {
-                let wd = descriptor.get_watch_descriptor_id();
-                self.wds.insert(wd, descriptor);
-                self.warned.remove(path);
-                Some(Some(wd))
-            }
-            Err(error) if matches!(error.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => None,
-            Err(error) => {
-                if !path.is_dir() {
-                    return None;
-                }
-                if self.warned.insert(path.to_path_buf()) {
-                    warn!(path = %path.display(), %error, "cannot watch directory; its changes will be missed");
-                }
-                Some(None)
-            }
-        }
-    }
-}
-
-/// `/a/b/c` → `/`, `/a`, `/a/b`, `/a/b/c`.
-fn prefixes(dir: &Path) -> Vec<PathBuf> {
-    let mut prefix = PathBuf::new();
-    dir.components()
-        .map(|component| {
-            prefix.push(component);
-            prefix.clone()
-        })
-        .collect()
-}
-
-/// The component of `target` right below `ancestor`, if `ancestor` is a strict prefix of it.
-fn next_component<'a>(target: &'a Path, ancestor: &Path) -> Option<&'a OsStr> {
-    target.strip_prefix(ancestor).ok()?.components().next().map(|component| component.as_os_str())
-}
-
-/// What an event on a watched dir's entry means.
-#[derive(Debug, PartialEq, Eq)]
-enum Classified {
-    Report(EntryEvent),
-    /// Being written: not reported (its IN_CLOSE_WRITE will be), but pending.
-    Writing,
-    Ignore,
-}
-
-fn classify(mask: EventMask, dir: &Path, name: &OsStr) -> Classified {
-    if mask.contains(EventMask::DELETE) {
-        Classified::Report(EntryEvent::Deleted)
-    } else if mask.contains(EventMask::MOVED_FROM) {
-        Classified::Report(EntryEvent::MovedOut)
-    } else if mask.contains(EventMask::MOVED_TO) {
-        Classified::Report(EntryEvent::MovedIn)
-    } else if mask.contains(EventMask::CLOSE_WRITE) {
-        Classified::Report(EntryEvent::Written)
-    } else if mask.contains(EventMask::MODIFY) {
-        Classified::Writing
-    } else if mask.contains(EventMask::CREATE) {
-        if !mask.contains(EventMask::ISDIR)
-            && let Ok(meta) = std::fs::symlink_metadata(dir.join(name))
-            && meta.file_type().is_file()
-            && meta.nlink() <= 1
-        {
-            // A regular file being written: wait for its IN_CLOSE_WRITE.
-            return Classified::Writing;
-        }
-        Classified::Report(EntryEvent::Created)
-    } else if mask.contains(EventMask::ATTRIB) {
-        Classified::Report(EntryEvent::Attrib)
-    } else {
-        Classified::Ignore
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::{os::unix::fs::symlink, time::Duration};
 
-    use super::*;
+    use std::ffi::OsStr;
+
+    use inotify::EventMask;
+
+    use super::{
+        watch_table::{next_component, prefixes},
+        *,
+    };
 
     use crate::test_support::TempDir;
 
@@ -830,16 +452,16 @@ mod tests {
         // dir is rescanned.
         let token = fence.begin(&tmp.0);
         {
-            let mut core = watcher.shared.lock();
-            let changes = core.tracker.handle(EventMask::Q_OVERFLOW, -1, None, Stamp::now());
-            core.queue.extend(changes);
+            let mut state = watcher.shared.lock();
+            let changes = state.table.handle(EventMask::Q_OVERFLOW, -1, None, Stamp::now());
+            state.queue.extend(changes);
         }
         assert!(fence.end(token).all);
         until(&mut watcher, "rescan after overflow", |c| matches!(c, DirChange::Rescan { .. })).await;
         assert!(!fence.end(fence.begin(&tmp.0)).all, "only overflows after begin count");
         // Bookkeeping is dropped with the last open read.
-        let core = watcher.shared.lock();
-        assert!(core.tracker.readers.is_empty() && core.tracker.touched.is_empty());
+        let state = watcher.shared.lock();
+        assert!(state.table.readers.is_empty() && state.table.touched.is_empty());
     }
 
     #[tokio::test]
@@ -911,11 +533,11 @@ mod tests {
 
         // A simulated overflow rescans every existing dir.
         let inotify = Inotify::init().unwrap();
-        let mut tracker = Tracker::new(inotify.watches(), vec![inner.clone(), tmp.0.join("missing")]);
-        let initial = tracker.reconcile(false, Stamp::now());
+        let mut table = WatchTable::new(inotify.watches(), vec![inner.clone(), tmp.0.join("missing")]);
+        let initial = table.reconcile(false, Stamp::now());
         assert!(matches!(initial.as_slice(), [DirChange::Rescan { .. }, DirChange::Gone { .. }]), "{initial:?}");
-        assert!(tracker.reconcile(false, Stamp::now()).is_empty(), "nothing changed");
-        let after = tracker.handle(EventMask::Q_OVERFLOW, -1, None, Stamp::now());
+        assert!(table.reconcile(false, Stamp::now()).is_empty(), "nothing changed");
+        let after = table.handle(EventMask::Q_OVERFLOW, -1, None, Stamp::now());
         assert!(matches!(after.as_slice(), [DirChange::Rescan { dir, .. }] if *dir == inner), "{after:?}");
     }
 }
