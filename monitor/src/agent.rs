@@ -22,15 +22,13 @@ use crate::{
         api::{self, ApiState},
         metrics::Metrics,
     },
-    incidents::{
-        engine::{self as incidents, IncidentCollector, IncidentEngine, IncidentUpdate, SharedEngine},
-        store::IncidentHistory,
-    },
+    incidents::{IncidentEngine, IncidentUpdate, SharedEngine, message::log_update, store::IncidentHistory},
     lifecycle::{
-        Lifecycle, LifecycleCollector, cni, interface_events,
+        Lifecycle, cni, interface_events,
         pods::{self, SharedPods},
         processes,
-        timeline::{Stamp, Timeline},
+        clock::Stamp,
+        timeline::Timeline,
     },
     sampling::{
         InterfaceFilter, LinkEvent, OwnNetns,
@@ -92,9 +90,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let listener = api::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
     let latest = Arc::new(LatestSample::default());
     let state = Arc::new(ApiState {
-        metrics: Metrics::new(Arc::clone(&latest))
-            .with_collector(LifecycleCollector(Arc::clone(&lifecycle)))
-            .with_collector(IncidentCollector(Arc::clone(&engine))),
+        metrics: Metrics::new(Arc::clone(&latest), Arc::clone(&lifecycle), Arc::clone(&engine)),
         engine: Arc::clone(&engine),
         lifecycle,
         sampler: Arc::clone(&sampler),
@@ -138,7 +134,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         warn!(%error, "HTTP server");
     }
     if let Some(incident) = lock(&engine).close_now() {
-        incidents::log_update(&IncidentUpdate::Closed(incident.clone()));
+        log_update(&IncidentUpdate::Closed(incident.clone()));
         history.persist(&incident);
     }
     lock(&sampler).detach_all();
@@ -165,7 +161,7 @@ fn spawn_sampling(
             let updates = lock(&engine).observe(now, &sample.interfaces);
             latest.publish(sample);
             for update in updates {
-                incidents::log_update(&update);
+                log_update(&update);
                 if let IncidentUpdate::Closed(incident) = update {
                     history.persist(&incident);
                 }

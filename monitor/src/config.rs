@@ -357,8 +357,8 @@ impl Config {
         toml::to_string(self)
     }
 
-    pub fn engine_config(&self) -> crate::incidents::engine::EngineConfig {
-        crate::incidents::engine::EngineConfig {
+    pub fn engine_config(&self) -> crate::incidents::EngineConfig {
+        crate::incidents::EngineConfig {
             floor: self.incident_floor,
             quiet: Duration::from_millis(self.incident_quiet_ms),
             silence: Duration::from_millis(self.incident_silence_ms),

@@ -15,7 +15,7 @@ impl TempDir {
         let path = std::env::temp_dir().join(format!(
             "dm-{tag}-{}-{unique}-{}",
             std::process::id(),
-            crate::lifecycle::timeline::monotonic_ns()
+            crate::lifecycle::clock::monotonic_ns()
         ));
         std::fs::create_dir_all(&path).expect("creating a temp dir");
         Self(path)

@@ -24,7 +24,8 @@ use crate::{
     incidents::engine::SharedEngine,
     lifecycle::{
         Lifecycle,
-        timeline::{Timeline, parse_rfc3339},
+        clock::parse_rfc3339,
+        timeline::Timeline,
     },
     sampling::sampler::{Sampler, WatchedInterface},
 };

@@ -1,7 +1,22 @@
-//! /metrics: the latest [`Sample`] as OpenMetrics text (prometheus-client).
+//! `/metrics`: every metric family the agent exports, in this one file: the names and labels
+//! that dashboards and alert rules (deploy/prometheus) depend on.
 //!
-//! Kernel counters are absolute, so each scrape encodes constant metrics from the sample
-//! instead of keeping a second set of counters in user space.
+//! Kernel counters are absolute, so each scrape encodes constant metrics from the latest
+//! [`Sample`](crate::sampling::sampler::Sample) and from fresh snapshots of the lifecycle
+//! state and the incident engine, instead of keeping a second set of counters in user space.
+//! Three collectors, one per source:
+//!
+//! - the sample: `datapath_packets_total`, `datapath_bytes_total`, `datapath_tcp_resets_total`,
+//!   `datapath_tcp_syn_retransmits_total`, `datapath_drops_total`,
+//!   `datapath_interfaces_attached`, `datapath_bpf_program_runs_total`,
+//!   `datapath_bpf_program_run_seconds_total`, `datapath_probe_loaded`,
+//!   `datapath_bpf_map_update_errors_total`;
+//! - the lifecycle state: `datapath_cni_default_network_present`,
+//!   `datapath_cni_config_changes_total`, `datapath_sdn_process_running`,
+//!   `datapath_sdn_process_restarts_total`, `datapath_lifecycle_events_total`,
+//!   `datapath_cni_cache_files_skipped_total`;
+//! - the incident engine: `datapath_incidents_total`, `datapath_incident_active`,
+//!   `datapath_incident_duration_seconds`.
 
 use std::sync::Arc;
 
@@ -12,28 +27,34 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::sampling::sampler::{LatestSample, OTHER_INTERFACE, map_error_name};
+use crate::{
+    incidents::engine::SharedEngine,
+    lifecycle::{Lifecycle, cni::CniDirSnapshot, pods::PodIndex},
+    sampling::sampler::{LatestSample, OTHER_INTERFACE, map_error_name},
+    sync,
+};
 
-#[derive(Debug)]
-struct SampleCollector {
-    sample: Arc<LatestSample>,
-}
-
+/// The registry of every family, encoded at each scrape.
 pub struct Metrics {
     registry: Registry,
 }
 
 impl Metrics {
-    pub fn new(sample: Arc<LatestSample>) -> Self {
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(SampleCollector { sample }));
-        Self { registry }
+    /// Every family: from the latest sample, the lifecycle state and the incident engine.
+    pub fn new(sample: Arc<LatestSample>, lifecycle: Arc<Lifecycle>, engine: SharedEngine) -> Self {
+        Self::of(vec![
+            Box::new(SampleCollector { sample }),
+            Box::new(LifecycleCollector(lifecycle)),
+            Box::new(IncidentCollector(engine)),
+        ])
     }
 
-    /// Adds families encoded by another collector (e.g. the lifecycle state).
-    pub fn with_collector(mut self, collector: impl Collector + 'static) -> Self {
-        self.registry.register_collector(Box::new(collector));
-        self
+    fn of(collectors: Vec<Box<dyn Collector>>) -> Self {
+        let mut registry = Registry::default();
+        for collector in collectors {
+            registry.register_collector(collector);
+        }
+        Self { registry }
     }
 
     /// OpenMetrics text, ending in `# EOF`.
@@ -44,10 +65,10 @@ impl Metrics {
     }
 }
 
-pub(crate) type Labels<'a> = Vec<(&'static str, &'a str)>;
+type Labels<'a> = Vec<(&'static str, &'a str)>;
 
 /// One metric family, from (labels, metric) pairs.
-pub(crate) fn family<'a, M: EncodeMetric>(
+fn family<'a, M: EncodeMetric>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -66,7 +87,7 @@ pub(crate) fn family<'a, M: EncodeMetric>(
     Ok(())
 }
 
-pub(crate) fn counter<'a>(
+fn counter<'a>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -75,13 +96,19 @@ pub(crate) fn counter<'a>(
     family(encoder, name, help, MetricType::Counter, series.map(|(labels, value)| (labels, ConstCounter::new(value))))
 }
 
-pub(crate) fn gauge<'a>(
+fn gauge<'a>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     series: impl Iterator<Item = (Labels<'a>, i64)>,
 ) -> Result<(), std::fmt::Error> {
     family(encoder, name, help, MetricType::Gauge, series.map(|(labels, value)| (labels, ConstGauge::new(value))))
+}
+
+/// The per-interface, kernel and probe families, from the latest sample.
+#[derive(Debug)]
+struct SampleCollector {
+    sample: Arc<LatestSample>,
 }
 
 impl Collector for SampleCollector {
@@ -190,6 +217,121 @@ impl Collector for SampleCollector {
     }
 }
 
+/// The lifecycle families, from fresh snapshots at each scrape.
+struct LifecycleCollector(Arc<Lifecycle>);
+
+impl std::fmt::Debug for LifecycleCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LifecycleCollector")
+    }
+}
+
+impl Collector for LifecycleCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let cni = self.0.cni.snapshot();
+        let processes = self.0.processes.snapshot();
+        let dirs: Vec<(String, &CniDirSnapshot)> =
+            cni.dirs.iter().filter(|d| d.seen).map(|d| (d.dir.display().to_string(), d)).collect();
+        gauge(
+            &mut encoder,
+            "datapath_cni_default_network_present",
+            "1 when the CNI config dir has a valid default network (its first valid config by file name), else 0. \
+             Only for dirs that existed at some point since the agent started.",
+            dirs.iter().map(|(dir, d)| {
+                let labels: Labels = vec![("dir", dir.as_str())];
+                (labels, i64::from(d.default_network.is_some()))
+            }),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_cni_config_changes",
+            "CNI config file changes seen (added, changed, removed, invalid), since the agent started.",
+            dirs.iter().flat_map(|(dir, d)| {
+                d.changes.iter().map(move |c| {
+                    let labels: Labels = vec![("dir", dir.as_str()), ("file", c.file.as_str()), ("change", c.change)];
+                    (labels, c.count)
+                })
+            }),
+        )?;
+        gauge(
+            &mut encoder,
+            "datapath_sdn_process_running",
+            "Running processes with this kernel comm name.",
+            processes.processes.iter().map(|p| {
+                let labels: Labels = vec![("process", p.name.as_str())];
+                (labels, p.running.len() as i64)
+            }),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_sdn_process_restarts",
+            "Exits of this SDN process followed by a start of the same name within the restart window.",
+            processes.processes.iter().map(|p| {
+                let labels: Labels = vec![("process", p.name.as_str())];
+                (labels, p.restarts)
+            }),
+        )?;
+        counter(&mut encoder, "datapath_lifecycle_events", "Lifecycle events recorded on the timeline, by kind.", {
+            let events = self.0.timeline.counts_by_kind();
+            events.into_iter().map(|(kind, count)| {
+                let labels: Labels = vec![("kind", kind.as_str())];
+                (labels, count)
+            })
+        })?;
+        let skipped = self.0.pods.read(PodIndex::skipped);
+        counter(
+            &mut encoder,
+            "datapath_cni_cache_files_skipped",
+            "CNI result cache files that could not be read or parsed (pod names unknown for them).",
+            std::iter::once((Labels::new(), skipped)),
+        )?;
+        Ok(())
+    }
+}
+
+/// The incident families, from the engine at each scrape.
+struct IncidentCollector(SharedEngine);
+
+impl std::fmt::Debug for IncidentCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IncidentCollector")
+    }
+}
+
+impl Collector for IncidentCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (opened, active, durations) = {
+            let engine = sync::lock(&self.0);
+            (engine.opened_by_cause().clone(), engine.active(), engine.durations().clone())
+        };
+        counter(
+            &mut encoder,
+            "datapath_incidents",
+            "Incidents opened since the agent started, by top cause kind when opened (or unattributed).",
+            opened.iter().map(|(cause, n)| {
+                let labels: Labels = vec![("cause", cause.as_str())];
+                (labels, *n)
+            }),
+        )?;
+        gauge(
+            &mut encoder,
+            "datapath_incident_active",
+            "1 while a pod-network disruption is in progress.",
+            std::iter::once((Labels::new(), i64::from(active))),
+        )?;
+        family(
+            &mut encoder,
+            "datapath_incident_duration_seconds",
+            "Durations of closed incidents, by top cause kind.",
+            MetricType::Histogram,
+            durations.iter().map(|(cause, histogram)| {
+                let labels: Labels = vec![("cause", cause.as_str())];
+                (labels, histogram.clone())
+            }),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -222,7 +364,7 @@ mod tests {
         };
         let latest = Arc::new(LatestSample::default());
         latest.publish(sample);
-        let metrics = Metrics::new(latest);
+        let metrics = Metrics::of(vec![Box::new(SampleCollector { sample: latest })]);
         let text = metrics.render().unwrap();
         for line in [
             r#"datapath_packets_total{interface="veth1a2b3c4d",direction="ingress",pod_namespace="",pod=""} 3"#,

@@ -1,233 +1,33 @@
-//! The incident engine: turns per-interface counter samples and lifecycle events into
-//! incidents that say what broke, how badly, for how long, and what most likely caused it.
-//!
-//! Detection, per watched interface, at every sample (250 ms):
-//! - **bad events** are drops + TCP resets + SYN retransmits. Their rate in 1 s buckets
-//!   outside disruptions forms the interface's own baseline (median and MAD over the last
-//!   `baseline_seconds`). A disruption starts when the bad events of the trailing second
-//!   exceed `median + max(3·MAD, 3·√median)` by at least `floor`; it is backdated to the
-//!   sample interval of the first bad event in that second.
-//! - **silence**: a direction whose packets came at most 1.6 s apart for the 10 s before
-//!   its last packet, and then none for `silence`, starts a disruption, backdated to that
-//!   last packet.
-//! - A disruption goes on while samples stay above the baseline with the trailing second
-//!   at least `floor / 2` over it (or the direction stays silent), and ends `quiet` after
-//!   the last such sample, at that sample: a flapping burst is one disruption.
-//!   Disruptions that overlap in time form one incident.
-//!
-//! Attribution: see [`attribute`].
+//! The incident engine: per-interface samples in ([`super::detection`]), incidents out.
+//! Disruptions that overlap in time form one incident; each incident is attributed
+//! ([`super::attribution`]) and rendered ([`super::message`]) when it opens, when it is read
+//! and when it closes; closed ones are kept for `/api/v1/incidents`.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
-    sync::Arc,
-    time::Duration,
+    sync::{Arc, Mutex},
 };
 
 use prometheus_client::metrics::histogram::Histogram;
-use tracing::{info, warn};
+use tracing::warn;
 
+use super::{
+    EngineConfig,
+    attribution::attribute,
+    detection::{Counters, DIRECTIONS, Disruption, InterfaceState},
+    message::build_incident,
+    record::{Incident, IncidentInterface},
+};
 use crate::{
-    incidents::record::{Cause, Incident, IncidentInterface, IncidentTotals},
-    lifecycle::timeline::{Event, EventKind, Stamp, Timeline, rfc3339},
+    lifecycle::{clock::Stamp, timeline::Timeline},
     sampling::sampler::InterfaceSeries,
 };
 
-const SECOND_NS: u64 = 1_000_000_000;
-/// Seconds of baseline needed before rates are judged (warm-up of a new interface).
-const BASELINE_MIN: usize = 5;
+/// The engine shared by the sampler task (writer), the API and scrapes.
+pub type SharedEngine = Arc<Mutex<IncidentEngine>>;
+
 /// Buckets of `datapath_incident_duration_seconds`.
 pub const DURATION_BUCKETS: [f64; 10] = [1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0];
-const DIRECTIONS: [&str; 2] = ["ingress", "egress"];
-
-/// Detection and attribution settings (flags `--incident-*`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct EngineConfig {
-    /// Bad events in one second, above the baseline, that start a disruption.
-    pub floor: u64,
-    /// How long a disruption must stay calm to end (hysteresis).
-    pub quiet: Duration,
-    /// How long a steadily active direction must be silent to count as disrupted.
-    pub silence: Duration,
-    /// How far before an incident's start lifecycle events are candidate causes.
-    pub lookback: Duration,
-    /// Seconds of history in an interface's baseline.
-    pub baseline_seconds: usize,
-    /// Closed incidents kept in memory (and read back at start-up).
-    pub history: usize,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            floor: 5,
-            quiet: Duration::from_secs(3),
-            silence: Duration::from_secs(2),
-            lookback: Duration::from_secs(30),
-            baseline_seconds: 60,
-            history: 1000,
-        }
-    }
-}
-
-/// Cumulative counters of one interface at one sample.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Counters {
-    drops: BTreeMap<String, u64>,
-    resets: u64,
-    syn: u64,
-    packets: [u64; 2],
-}
-
-impl Counters {
-    fn from_series(series: &InterfaceSeries) -> Self {
-        let c = &series.counters;
-        Self {
-            drops: series.drops.clone(),
-            resets: c.ingress.tcp_resets + c.egress.tcp_resets,
-            syn: c.ingress.syn_retransmits + c.egress.syn_retransmits,
-            packets: [c.ingress.packets, c.egress.packets],
-        }
-    }
-
-    fn bad(&self) -> u64 {
-        self.drops.values().sum::<u64>() + self.resets + self.syn
-    }
-
-    /// `self - earlier`, per counter; a counter that went down (re-created map entry) counts from 0.
-    fn since(&self, earlier: &Counters) -> Counters {
-        let diff = |now: u64, then: u64| if now >= then { now - then } else { now };
-        Counters {
-            drops: self
-                .drops
-                .iter()
-                .map(|(reason, n)| (reason.clone(), diff(*n, earlier.drops.get(reason).copied().unwrap_or(0))))
-                .filter(|(_, n)| *n > 0)
-                .collect(),
-            resets: diff(self.resets, earlier.resets),
-            syn: diff(self.syn, earlier.syn),
-            packets: [diff(self.packets[0], earlier.packets[0]), diff(self.packets[1], earlier.packets[1])],
-        }
-    }
-
-    fn add(&mut self, other: &Counters) {
-        for (reason, n) in &other.drops {
-            *self.drops.entry(reason.clone()).or_default() += n;
-        }
-        self.resets += other.resets;
-        self.syn += other.syn;
-    }
-}
-
-/// Whether one direction of an interface carries steady traffic, and since when it is silent.
-///
-/// Steady: packets seen for at least `STEADY_NS`, never more than `STEADY_GAP_NS` apart
-/// (at sample resolution), up to the last packet. Gaps, not per-second buckets: a 1/s
-/// prober would fall in and out of buckets that drift against its ticks.
-#[derive(Debug, Default)]
-struct Activity {
-    /// The last sample that saw packets.
-    last_packet_ns: Option<u64>,
-    /// Since when packets have come without a gap over `STEADY_GAP_NS`.
-    steady_since: Option<u64>,
-    /// Steady traffic up to the last packet.
-    steady_at_last_packet: bool,
-}
-
-/// How long traffic must have been regular to count as steady.
-const STEADY_NS: u64 = 10 * SECOND_NS;
-/// The largest gap between packets that still counts as regular traffic.
-const STEADY_GAP_NS: u64 = 1_600_000_000;
-
-impl Activity {
-    fn observe(&mut self, now_ns: u64, packets: u64) {
-        if packets == 0 {
-            return;
-        }
-        let regular = self.last_packet_ns.is_some_and(|last| now_ns.saturating_sub(last) <= STEADY_GAP_NS);
-        if !regular {
-            self.steady_since = Some(now_ns);
-        }
-        self.last_packet_ns = Some(now_ns);
-        self.steady_at_last_packet = self.steady_since.is_some_and(|since| now_ns.saturating_sub(since) >= STEADY_NS);
-    }
-
-    /// Silent for at least `silence` after steady traffic: the time of the last packet.
-    fn silent_since(&self, now_ns: u64, silence_ns: u64) -> Option<u64> {
-        let last = self.last_packet_ns?;
-        (self.steady_at_last_packet && now_ns.saturating_sub(last) >= silence_ns).then_some(last)
-    }
-}
-
-#[derive(Debug)]
-struct Tick {
-    /// The previous sample's time: the interval (prev_ns, at_ns] holds `bad` events.
-    prev_ns: u64,
-    at_ns: u64,
-    bad: u64,
-    /// Counters at `prev_ns`.
-    before: Counters,
-}
-
-#[derive(Debug)]
-struct Disruption {
-    last_bad_ns: u64,
-    start: Counters,
-    /// Counters at `last_bad_ns`.
-    end: Counters,
-    silent: [bool; 2],
-}
-
-#[derive(Debug)]
-struct Iface {
-    name: String,
-    pod_namespace: String,
-    pod: String,
-    last: Counters,
-    last_ns: u64,
-    window: VecDeque<Tick>,
-    baseline: VecDeque<u64>,
-    bucket_start_ns: u64,
-    bucket_bad: u64,
-    activity: [Activity; 2],
-    disruption: Option<Disruption>,
-}
-
-impl Iface {
-    fn new(series: &InterfaceSeries, now_ns: u64) -> Self {
-        Self {
-            name: series.interface.clone(),
-            pod_namespace: series.pod_namespace.clone(),
-            pod: series.pod.clone(),
-            last: Counters::from_series(series),
-            last_ns: now_ns,
-            window: VecDeque::new(),
-            baseline: VecDeque::new(),
-            bucket_start_ns: now_ns,
-            bucket_bad: 0,
-            activity: Default::default(),
-            disruption: None,
-        }
-    }
-
-    /// Median and MAD of the baseline buckets (bad events per second).
-    fn baseline(&self) -> (f64, f64) {
-        if self.baseline.is_empty() {
-            return (0.0, 0.0);
-        }
-        let median = median_f(self.baseline.iter().map(|v| *v as f64).collect());
-        let mad = median_f(self.baseline.iter().map(|v| (*v as f64 - median).abs()).collect());
-        (median, mad)
-    }
-}
-
-fn median_f(mut values: Vec<f64>) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    if values.len() % 2 == 1 { values[mid] } else { (values[mid - 1] + values[mid]) / 2.0 }
-}
 
 /// One interface's part of the open incident.
 #[derive(Debug, Default)]
@@ -258,7 +58,7 @@ pub struct IncidentEngine {
     config: EngineConfig,
     timeline: Arc<Timeline>,
     /// By ifindex; an ifindex that comes back under another name is another interface.
-    ifaces: HashMap<u32, Iface>,
+    ifaces: HashMap<u32, InterfaceState>,
     /// Pod veths seen, with when each vanished (None while present): interface events of
     /// other pods' veths are no cause. Names gone for longer than the lookback are forgotten
     /// while no incident is open, so pod churn does not grow this.
@@ -299,7 +99,7 @@ impl IncidentEngine {
         let mut updates = Vec::new();
         let mut present: HashSet<u32> = HashSet::with_capacity(series.len());
         let mut present_pod_veths: HashSet<&str> = HashSet::new();
-        let (quiet_ns, silence_ns) = (self.config.quiet.as_nanos() as u64, self.config.silence.as_nanos() as u64);
+        let quiet_ns = self.config.quiet.as_nanos() as u64;
         let mut started: Vec<(String, u64)> = Vec::new();
         for s in series.iter().filter(|s| !s.removed) {
             present.insert(s.ifindex);
@@ -320,92 +120,14 @@ impl IncidentEngine {
                     Self::fold(&mut self.open, &old, disruption);
                 }
             }
-            let Some(iface) = self.ifaces.get_mut(&s.ifindex) else {
-                self.ifaces.insert(s.ifindex, Iface::new(s, now_ns));
-                continue;
-            };
-            if now_ns <= iface.last_ns {
-                continue;
-            }
-            iface.pod_namespace.clone_from(&s.pod_namespace);
-            iface.pod.clone_from(&s.pod);
-            let current = Counters::from_series(s);
-            let delta = current.since(&iface.last);
-            let dt_s = (now_ns - iface.last_ns) as f64 / 1e9;
-            let bad = delta.bad();
-            let before = std::mem::replace(&mut iface.last, current.clone());
-            iface.window.push_back(Tick { prev_ns: iface.last_ns, at_ns: now_ns, bad, before });
-            iface.last_ns = now_ns;
-            while iface.window.front().is_some_and(|t| t.at_ns + SECOND_NS <= now_ns) {
-                iface.window.pop_front();
-            }
-            for (direction, activity) in iface.activity.iter_mut().enumerate() {
-                activity.observe(now_ns, delta.packets[direction]);
-            }
-
-            // Counts are noisy like Poisson counts: the spread is at least √median.
-            let (median, mad) = iface.baseline();
-            let expected_per_s = median + (3.0 * mad).max(3.0 * median.sqrt());
-            let window_bad: u64 = iface.window.iter().map(|t| t.bad).sum();
-            let window_excess = window_bad as f64 - expected_per_s;
-            let tick_above = bad > 0 && bad as f64 > expected_per_s * dt_s;
-            let silent: [Option<u64>; 2] = [
-                iface.activity[0].silent_since(now_ns, silence_ns),
-                iface.activity[1].silent_since(now_ns, silence_ns),
-            ];
-
-            match &mut iface.disruption {
+            match self.ifaces.get_mut(&s.ifindex) {
                 None => {
-                    // Rates are judged once the baseline is warm: steady benign drops at start-up are no incident.
-                    let warm = iface.baseline.len() >= BASELINE_MIN;
-                    let first_bad = iface.window.iter().find(|t| t.bad > 0);
-                    let by_rate =
-                        if warm && window_excess >= self.config.floor.max(1) as f64 { first_bad } else { None };
-                    let silent_since = silent.iter().flatten().min().copied();
-                    if by_rate.is_some() || silent_since.is_some() {
-                        let (start_ns, start_counters) = match by_rate {
-                            Some(first) => (first.prev_ns, first.before.clone()),
-                            None => (silent_since.unwrap_or(now_ns), current.clone()),
-                        };
-                        iface.disruption = Some(Disruption {
-                            last_bad_ns: now_ns,
-                            start: start_counters,
-                            end: current.clone(),
-                            silent: [silent[0].is_some(), silent[1].is_some()],
-                        });
+                    self.ifaces.insert(s.ifindex, InterfaceState::new(s, now_ns));
+                }
+                Some(iface) => {
+                    if let Some(start_ns) = iface.observe(s, now_ns, &self.config) {
                         started.push((iface.name.clone(), start_ns));
                     }
-                }
-                Some(disruption) => {
-                    // Goes on while this sample is above the baseline and the trailing second
-                    // still clearly is: benign traffic around its baseline lets it end.
-                    if tick_above && window_excess >= (self.config.floor as f64 / 2.0).max(1.0) {
-                        disruption.last_bad_ns = now_ns;
-                        disruption.end = current.clone();
-                    }
-                    for (was_silent, silent_now) in disruption.silent.iter_mut().zip(&silent) {
-                        if silent_now.is_some() {
-                            *was_silent = true;
-                            disruption.last_bad_ns = now_ns;
-                        }
-                    }
-                }
-            }
-
-            // Baseline: only calm seconds count.
-            if iface.disruption.is_some() {
-                iface.bucket_bad = 0;
-                iface.bucket_start_ns = now_ns;
-            } else {
-                iface.bucket_bad += bad;
-                if now_ns - iface.bucket_start_ns >= SECOND_NS {
-                    let seconds = (now_ns - iface.bucket_start_ns) as f64 / 1e9;
-                    iface.baseline.push_back((iface.bucket_bad as f64 / seconds).round() as u64);
-                    if iface.baseline.len() > self.config.baseline_seconds.max(BASELINE_MIN) {
-                        iface.baseline.pop_front();
-                    }
-                    iface.bucket_bad = 0;
-                    iface.bucket_start_ns = now_ns;
                 }
             }
         }
@@ -480,7 +202,7 @@ impl IncidentEngine {
     }
 
     /// Adds an ended disruption to its interface's part of the open incident.
-    fn fold(open: &mut Option<OpenIncident>, iface: &Iface, disruption: Disruption) {
+    fn fold(open: &mut Option<OpenIncident>, iface: &InterfaceState, disruption: Disruption) {
         let Some(open) = open.as_mut() else {
             warn!(interface = iface.name, "disruption without an open incident: dropped");
             return;
@@ -577,261 +299,13 @@ impl IncidentEngine {
     }
 }
 
-fn build_incident(
-    seq: u64,
-    start: Stamp,
-    end_ns: u64,
-    active: bool,
-    interfaces: Vec<IncidentInterface>,
-    causes: Vec<Cause>,
-    lookback: Duration,
-) -> Incident {
-    let end = Stamp::from_monotonic(end_ns.max(start.mono_ns));
-    let duration_seconds = round(start.seconds_until(&end), 1_000.0);
-    let totals = IncidentTotals {
-        drops: interfaces.iter().map(|i| i.drops).sum(),
-        tcp_resets: interfaces.iter().map(|i| i.tcp_resets).sum(),
-        syn_retransmits: interfaces.iter().map(|i| i.syn_retransmits).sum(),
-        interfaces: interfaces.len(),
-    };
-    let start_text = rfc3339(start.wall);
-    let mut incident = Incident {
-        id: format!("{start_text}-{seq}"),
-        start: start_text,
-        end: (!active).then(|| rfc3339(end.wall)),
-        active,
-        duration_seconds,
-        totals,
-        interfaces,
-        causes,
-        message: String::new(),
-    };
-    incident.message = message(&incident, lookback);
-    incident
-}
-
-fn round(value: f64, scale: f64) -> f64 {
-    (value * scale).round() / scale
-}
-
-/// How likely each kind of event is to break pod traffic.
-pub fn kind_weight(kind: EventKind) -> f64 {
-    match kind {
-        EventKind::ProcessRestart | EventKind::ProcessExit => 1.0,
-        EventKind::CniDefaultNetworkMissing => 0.9,
-        EventKind::InterfaceDown | EventKind::InterfaceRemoved => 0.8,
-        EventKind::CniConfigRemoved => 0.7,
-        EventKind::CniConfigChanged | EventKind::CniConfigInvalid => 0.6,
-        EventKind::ProcessStart => 0.5,
-        EventKind::CniConfigAdded | EventKind::InterfaceAdded => 0.3,
-        EventKind::InterfaceUp => 0.2,
-        EventKind::CniDefaultNetworkRestored => 0.1,
-    }
-}
-
-/// Events up to this long after the detected start count as at the start: the start is only
-/// as precise as the sample interval, and a silence starts at the last packet seen.
-const AT_START_SECONDS: f64 = 1.0;
-
-/// Seconds over which closeness in time decays by a factor e.
-const CLOSENESS_SECONDS: f64 = 10.0;
-
-/// Ranks lifecycle events as causes of an incident that started at `start`.
-///
-/// Candidates are the events from `lookback` before the start until the end (the caller
-/// passes those), except states found at agent start-up (those are not changes) and a
-/// daemon's parent exiting after its fork (the daemon carries on). Interface events count only for the incident's own interfaces and for
-/// non-pod interfaces (bridges, tunnels), not for other pods' veths. For each subject only
-/// its strongest event is kept, and a process restart stands for the exit and start it
-/// pairs (one cause, timed at the exit: when the process went down).
-/// `confidence = kind weight × closeness`, where closeness is `e^(−|offset|/10 s)` for an
-/// event up to 1 s after the start or any time before it, and `0.5 × e^(−offset/10 s)` later
-/// (an event well into the disruption is more likely a consequence or a fix). Sorted by confidence, then
-/// closeness. No candidate → empty: a cause is never invented.
-pub fn attribute(
-    events: &[Event],
-    start: Stamp,
-    incident_interfaces: &BTreeSet<String>,
-    pod_veths: &HashMap<String, Option<u64>>,
-) -> Vec<Cause> {
-    let mut best: BTreeMap<(u8, String), Cause> = BTreeMap::new();
-    for event in events.iter().filter(|e| !e.never_a_cause) {
-        // A restart is timed at the exit it follows: that is when the process went down.
-        let stamp = match event.kind {
-            EventKind::ProcessRestart => events
-                .iter()
-                .filter(|e| {
-                    e.kind == EventKind::ProcessExit
-                        && e.subject == event.subject
-                        && e.stamp.mono_ns <= event.stamp.mono_ns
-                })
-                .map(|e| e.stamp)
-                .next_back()
-                .unwrap_or(event.stamp),
-            _ => event.stamp,
-        };
-        let family = match event.kind {
-            EventKind::ProcessStart | EventKind::ProcessExit | EventKind::ProcessRestart => 0,
-            EventKind::InterfaceAdded
-            | EventKind::InterfaceRemoved
-            | EventKind::InterfaceUp
-            | EventKind::InterfaceDown => {
-                if pod_veths.contains_key(&event.subject) && !incident_interfaces.contains(&event.subject) {
-                    continue;
-                }
-                1
-            }
-            _ => 2,
-        };
-        let offset = start.seconds_until(&stamp);
-        let closeness = if offset <= AT_START_SECONDS {
-            (-offset.abs() / CLOSENESS_SECONDS).exp()
-        } else {
-            0.5 * (-offset / CLOSENESS_SECONDS).exp()
-        };
-        let cause = Cause {
-            kind: event.kind.as_str().to_string(),
-            subject: event.subject.clone(),
-            at: rfc3339(stamp.wall),
-            offset_seconds: round(offset, 1_000.0),
-            confidence: round(kind_weight(event.kind) * closeness, 100.0),
-            detail: event.detail.clone(),
-        };
-        let key = (family, event.subject.clone());
-        // Per subject the strongest event; a restart stands for its exit and start.
-        let rank = |c: &Cause| (c.kind == "process_restart", c.confidence);
-        let stronger = best.get(&key).is_none_or(|kept| {
-            let (new, old) = (rank(&cause), rank(kept));
-            (new.0 && !old.0)
-                || (new.0 == old.0 && new.1 > old.1)
-                || (new == old && cause.offset_seconds.abs() < kept.offset_seconds.abs())
-        });
-        if stronger {
-            best.insert(key, cause);
-        }
-    }
-    let mut causes: Vec<Cause> = best.into_values().collect();
-    causes.sort_by(|a, b| {
-        b.confidence.total_cmp(&a.confidence).then(a.offset_seconds.abs().total_cmp(&b.offset_seconds.abs()))
-    });
-    causes
-}
-
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-fn basename(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
-}
-
-/// "ovs-vswitchd restarted", "the CNI default network config was removed", ...
-fn phrase(cause: &Cause) -> String {
-    let s = cause.subject.as_str();
-    match cause.kind.as_str() {
-        "process_restart" => format!("{s} went down for a restart"),
-        "process_exit" => format!("{s} exited"),
-        "process_start" => format!("{s} started"),
-        "cni_default_network_missing" => "the CNI default network config was removed".into(),
-        "cni_default_network_restored" => "the CNI default network came back".into(),
-        "cni_config_removed" => format!("CNI config {} was removed", basename(s)),
-        "cni_config_changed" => format!("CNI config {} changed", basename(s)),
-        "cni_config_invalid" => format!("CNI config {} became invalid", basename(s)),
-        "cni_config_added" => format!("CNI config {} was added", basename(s)),
-        "interface_down" => format!("{s} went down"),
-        "interface_up" => format!("{s} came up"),
-        "interface_removed" => format!("{s} was removed"),
-        "interface_added" => format!("{s} appeared"),
-        other => format!("{other} {s}"),
-    }
-}
-
-fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{} {}", thousands(n), if n == 1 { one } else { many })
-}
-
-/// "9.4 s pod-network disruption on 14 interfaces (4,210 drops, 37 SYN retransmits, 3
-/// resets), began 1.1 s after ovs-vswitchd restarted and 2.9 s after ..."
-fn message(incident: &Incident, lookback: Duration) -> String {
-    let t = &incident.totals;
-    let mut text = format!(
-        "{}{:.1} s pod-network disruption on {} ({}, {}, {}",
-        if incident.active { "ongoing: " } else { "" },
-        incident.duration_seconds,
-        plural(t.interfaces as u64, "interface", "interfaces"),
-        plural(t.drops, "drop", "drops"),
-        plural(t.syn_retransmits, "SYN retransmit", "SYN retransmits"),
-        plural(t.tcp_resets, "reset", "resets"),
-    );
-    let silent: Vec<String> = incident
-        .interfaces
-        .iter()
-        .flat_map(|i| i.silent_directions.iter().map(move |d| format!("{} {d}", i.interface)))
-        .collect();
-    if !silent.is_empty() {
-        text.push_str(&format!("; traffic stopped on {}", silent.join(", ")));
-    }
-    text.push(')');
-    if incident.causes.is_empty() {
-        text.push_str(&format!(
-            ", unattributed: no lifecycle event from {} s before it began until it ended",
-            lookback.as_secs()
-        ));
-        return text;
-    }
-    let parts: Vec<String> = incident
-        .causes
-        .iter()
-        .take(2)
-        .map(|c| {
-            if c.offset_seconds <= 0.0 {
-                format!("{:.1} s after {}", -c.offset_seconds, phrase(c))
-            } else {
-                format!("{:.1} s before {}", c.offset_seconds, phrase(c))
-            }
-        })
-        .collect();
-    text.push_str(&format!(", began {}", parts.join(" and ")));
-    text
-}
-
-/// Logs an update as one line.
-pub fn log_update(update: &IncidentUpdate) {
-    match update {
-        IncidentUpdate::Opened(i) => {
-            info!(
-                id = i.id,
-                interfaces = i.totals.interfaces,
-                cause = i.cause_label(),
-                "incident opened: {}",
-                i.message
-            )
-        }
-        IncidentUpdate::Closed(i) => info!(
-            id = i.id,
-            duration_seconds = i.duration_seconds,
-            drops = i.totals.drops,
-            cause = i.cause_label(),
-            "incident closed: {}",
-            i.message
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use monitor_common::{DirectionCounters, InterfaceCounters};
     use proptest::prelude::*;
 
-    use super::*;
+    use super::{super::detection::SECOND_NS, *};
+    use crate::lifecycle::timeline::{Event, EventKind};
 
     const TICK_NS: u64 = 250_000_000;
     /// Synthetic monotonic time starts here (so offsets before it stay positive).
@@ -1116,12 +590,6 @@ mod tests {
         assert!(text.contains("d_count 1"), "{text}");
     }
 
-    #[test]
-    fn thousands_separators() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(4210), "4,210");
-        assert_eq!(thousands(1_234_567), "1,234,567");
-    }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
@@ -1180,53 +648,5 @@ mod tests {
             let injected: u64 = bursts.iter().map(|(_, _, len, d)| ((len * 4.0).floor() as u64 + 1) * d).sum();
             prop_assert!(dropped <= injected);
         }
-    }
-}
-
-/// The engine shared by the sampler task (writer), the API and scrapes.
-pub type SharedEngine = Arc<std::sync::Mutex<IncidentEngine>>;
-
-/// `datapath_incidents_total`, `datapath_incident_active`, `datapath_incident_duration_seconds`.
-#[derive(Clone)]
-pub struct IncidentCollector(pub SharedEngine);
-
-impl std::fmt::Debug for IncidentCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("IncidentCollector")
-    }
-}
-
-impl prometheus_client::collector::Collector for IncidentCollector {
-    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        use crate::export::metrics::{Labels, counter, family, gauge};
-        let (opened, active, durations) = {
-            let engine = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            (engine.opened_by_cause().clone(), engine.active(), engine.durations().clone())
-        };
-        counter(
-            &mut encoder,
-            "datapath_incidents",
-            "Incidents opened since the agent started, by top cause kind when opened (or unattributed).",
-            opened.iter().map(|(cause, n)| {
-                let labels: Labels = vec![("cause", cause.as_str())];
-                (labels, *n)
-            }),
-        )?;
-        gauge(
-            &mut encoder,
-            "datapath_incident_active",
-            "1 while a pod-network disruption is in progress.",
-            std::iter::once((Labels::new(), i64::from(active))),
-        )?;
-        family(
-            &mut encoder,
-            "datapath_incident_duration_seconds",
-            "Durations of closed incidents, by top cause kind.",
-            prometheus_client::metrics::MetricType::Histogram,
-            durations.iter().map(|(cause, histogram)| {
-                let labels: Labels = vec![("cause", cause.as_str())];
-                (labels, histogram.clone())
-            }),
-        )
     }
 }

@@ -1,5 +1,47 @@
-//! Incidents: disruptions found in the samples, attributed to lifecycle events, kept.
+//! Incidents: disruptions found in each interface's samples ([`detection`]), joined into
+//! incidents ([`engine`]), attributed to lifecycle events ([`attribution`]), told in words
+//! ([`message`]), served as records ([`record`]) and kept across restarts ([`store`]).
 
+pub mod attribution;
+mod detection;
 pub mod engine;
+pub mod message;
 pub mod record;
 pub mod store;
+
+use std::time::Duration;
+
+pub use self::{
+    engine::{IncidentEngine, IncidentUpdate, SharedEngine},
+    record::{Cause, Incident, IncidentInterface, IncidentTotals},
+};
+
+/// Detection and attribution settings (flags `--incident-*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Bad events in one second, above the baseline, that start a disruption.
+    pub floor: u64,
+    /// How long a disruption must stay calm to end (hysteresis).
+    pub quiet: Duration,
+    /// How long a steadily active direction must be silent to count as disrupted.
+    pub silence: Duration,
+    /// How far before an incident's start lifecycle events are candidate causes.
+    pub lookback: Duration,
+    /// Seconds of history in an interface's baseline.
+    pub baseline_seconds: usize,
+    /// Closed incidents kept in memory (and read back at start-up).
+    pub history: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            floor: 5,
+            quiet: Duration::from_secs(3),
+            silence: Duration::from_secs(2),
+            lookback: Duration::from_secs(30),
+            baseline_seconds: 60,
+            history: 1000,
+        }
+    }
+}

@@ -7,7 +7,10 @@ use tokio::{sync::mpsc, task::JoinHandle};
 use tracing::warn;
 
 use crate::{
-    lifecycle::timeline::{Event, EventKind, Stamp, Timeline},
+    lifecycle::{
+        clock::Stamp,
+        timeline::{Event, EventKind, Timeline},
+    },
     sampling::{LinkEvent, LinkFacts, sampler::Sampler},
     sync::lock,
 };

@@ -4,14 +4,13 @@
 //! most recent events in a bounded ring and logs each one; the incident engine reads the
 //! window it needs with [`Timeline::between`].
 
-use std::{
-    collections::VecDeque,
-    fmt,
-    sync::{Mutex, PoisonError},
-};
+use std::{collections::VecDeque, fmt, sync::Mutex};
 
 use serde::{Serialize, Serializer};
 use tracing::info;
+
+use super::clock::{Stamp, rfc3339};
+use crate::sync::lock;
 
 /// The kinds of lifecycle event, as named in the JSON API and logs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -72,62 +71,6 @@ impl fmt::Display for EventKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
-}
-
-/// Nanoseconds of CLOCK_MONOTONIC: the same clock as the kernel's `bpf_ktime_get_ns()`.
-pub fn monotonic_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
-}
-
-fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec; both clocks exist on every Linux.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
-}
-
-/// A point in time on both clocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Stamp {
-    /// CLOCK_MONOTONIC nanoseconds: use for ordering and durations.
-    pub mono_ns: u64,
-    /// Wall clock: use for output.
-    pub wall: jiff::Timestamp,
-}
-
-impl Stamp {
-    pub fn now() -> Self {
-        let mono_ns = monotonic_ns();
-        Self { mono_ns, wall: jiff::Timestamp::now() }
-    }
-
-    /// The wall time of a CLOCK_MONOTONIC reading taken earlier (e.g. by a kernel program).
-    pub fn from_monotonic(mono_ns: u64) -> Self {
-        let now = Self::now();
-        let behind = now.mono_ns.saturating_sub(mono_ns);
-        let ahead = mono_ns.saturating_sub(now.mono_ns);
-        let wall = now
-            .wall
-            .checked_sub(jiff::SignedDuration::from_nanos(behind as i64))
-            .and_then(|wall| wall.checked_add(jiff::SignedDuration::from_nanos(ahead as i64)))
-            .unwrap_or(now.wall);
-        Self { mono_ns, wall }
-    }
-
-    /// Seconds from `self` to `later` on the monotonic clock (negative when `later` is earlier).
-    pub fn seconds_until(&self, later: &Stamp) -> f64 {
-        (later.mono_ns as i128 - self.mono_ns as i128) as f64 / 1e9
-    }
-}
-
-/// RFC 3339 in UTC with milliseconds, e.g. `2026-01-12T20:58:46.230Z`.
-pub fn rfc3339(wall: jiff::Timestamp) -> String {
-    format!("{wall:.3}")
-}
-
-/// Parses an RFC 3339 timestamp (any offset).
-pub fn parse_rfc3339(text: &str) -> Result<jiff::Timestamp, String> {
-    text.parse::<jiff::Timestamp>().map_err(|error| format!("not an RFC 3339 time: {text:?}: {error}"))
 }
 
 fn serialize_wall<S: Serializer>(stamp: &Stamp, serializer: S) -> Result<S::Ok, S::Error> {
@@ -204,15 +147,15 @@ impl Timeline {
             "lifecycle event"
         );
         if let Some(slot) = EventKind::ALL.iter().position(|kind| *kind == event.kind) {
-            self.counts.lock().unwrap_or_else(PoisonError::into_inner)[slot] += 1;
+            lock(&self.counts)[slot] += 1;
         }
         {
-            let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut ring = lock(&self.ring);
             let position = ring.partition_point(|e| e.stamp.mono_ns <= event.stamp.mono_ns);
             ring.insert(position, event.clone());
             while ring.len() > self.capacity {
                 ring.pop_front();
-                *self.evicted.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+                *lock(&self.evicted) += 1;
             }
         }
     }
@@ -224,20 +167,20 @@ impl Timeline {
 
     /// Events at or after `since` (all when None), oldest first.
     pub fn events(&self, since: Option<jiff::Timestamp>) -> Vec<Event> {
-        let ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        let ring = lock(&self.ring);
         ring.iter().filter(|e| since.is_none_or(|since| e.stamp.wall >= since)).cloned().collect()
     }
 
     /// Events with `from_mono_ns <= mono_ns <= to_mono_ns`, oldest first.
     pub fn between(&self, from_mono_ns: u64, to_mono_ns: u64) -> Vec<Event> {
-        let ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        let ring = lock(&self.ring);
         let first = ring.partition_point(|e| e.stamp.mono_ns < from_mono_ns);
         ring.iter().skip(first).take_while(|e| e.stamp.mono_ns <= to_mono_ns).cloned().collect()
     }
 
     /// Events held in the ring now.
     pub fn len(&self) -> usize {
-        self.ring.lock().unwrap_or_else(PoisonError::into_inner).len()
+        lock(&self.ring).len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -246,12 +189,12 @@ impl Timeline {
 
     /// Events recorded since start (evicted ones included), for every kind.
     pub fn counts_by_kind(&self) -> Vec<(EventKind, u64)> {
-        let counts = *self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let counts = *lock(&self.counts);
         EventKind::ALL.into_iter().zip(counts).collect()
     }
 
     pub fn evicted(&self) -> u64 {
-        *self.evicted.lock().unwrap_or_else(PoisonError::into_inner)
+        *lock(&self.evicted)
     }
 }
 
@@ -319,20 +262,5 @@ mod tests {
         let handoff = exit.clone().daemon_handoff(11);
         assert!(!exit.never_a_cause && handoff.never_a_cause);
         assert_eq!(handoff.detail, "pid 10 exited with code 0; its child pid 11 carries on (daemonized)");
-    }
-
-    #[test]
-    fn rfc3339_round_trips_with_offsets() {
-        let parsed = parse_rfc3339("2026-01-12T21:58:46.230+01:00").unwrap();
-        assert_eq!(rfc3339(parsed), "2026-01-12T20:58:46.230Z");
-        assert!(parse_rfc3339("yesterday").is_err());
-    }
-
-    #[test]
-    fn monotonic_stamps_map_to_wall_time() {
-        let now = Stamp::now();
-        let earlier = Stamp::from_monotonic(now.mono_ns - 1_500_000_000);
-        let gap = now.wall.duration_since(earlier.wall).as_secs_f64();
-        assert!((gap - 1.5).abs() < 0.05, "{gap}");
     }
 }

@@ -10,7 +10,10 @@ use std::{
 use serde::{Serialize, Serializer};
 
 use super::rules::{FileFacts, Verdict};
-use crate::lifecycle::timeline::{Event, EventKind, Stamp};
+use crate::lifecycle::{
+    clock::Stamp,
+    timeline::{Event, EventKind},
+};
 
 /// At most this many distinct `file` label values per dir in the change counters; changes of
 /// further files are counted under [`OTHER_FILE_LABEL`]. Keeps the metric's cardinality

@@ -21,7 +21,8 @@ use super::{
 use crate::{
     lifecycle::{
         dirwatch::{self, DirChange, EntryEvent, ReadFence, Unsettled},
-        timeline::{Event, Stamp, Timeline},
+        clock::Stamp,
+        timeline::{Event, Timeline},
     },
     sync,
 };

@@ -64,7 +64,7 @@ use tracing::warn;
 
 pub use self::fence::{ReadFence, ReadToken, Unsettled, open_for_writing};
 use self::watch_table::WatchTable;
-use crate::{lifecycle::timeline::Stamp, sync};
+use crate::{lifecycle::clock::Stamp, sync};
 
 /// Changes queued for the consumer before the queue is collapsed into one rescan per dir.
 pub const MAX_QUEUED: usize = 16 * 1024;

@@ -13,7 +13,7 @@ use inotify::{EventMask, WatchDescriptor, WatchMask, Watches};
 use tracing::{debug, warn};
 
 use super::{DirChange, EntryEvent};
-use crate::lifecycle::timeline::Stamp;
+use crate::lifecycle::clock::Stamp;
 
 /// Everything reported for a watched directory's entries, plus `IN_MODIFY` (not reported) to
 /// know which entries are being written.

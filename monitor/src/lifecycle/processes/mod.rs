@@ -40,7 +40,10 @@ use self::{
 };
 use crate::{
     datapath::process_probe::{ProcessProbe, ProcessReports},
-    lifecycle::timeline::{EventKind, Stamp, Timeline, monotonic_ns},
+    lifecycle::{
+        clock::{Stamp, monotonic_ns},
+        timeline::{EventKind, Timeline},
+    },
     sync::lock,
 };
 

@@ -10,7 +10,10 @@ use monitor_common::{COMM_LEN, PROCESS_EVENT_EXEC, PROCESS_EVENT_EXIT, ProcessEv
 use tracing::debug;
 
 use super::{ProcessSnapshot, ProcessState, exit_status::ExitStatus};
-use crate::lifecycle::timeline::{Event, EventKind, Stamp, rfc3339};
+use crate::lifecycle::{
+    clock::{Stamp, rfc3339},
+    timeline::{Event, EventKind},
+};
 
 /// A process a scan found whose exec report arrives with a kernel time up to this much after
 /// the scan is the start that exec made: the name appears in /proc a little before the
