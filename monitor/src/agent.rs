@@ -24,10 +24,11 @@ use crate::{
     },
     incidents::{IncidentEngine, IncidentUpdate, SharedEngine, message::log_update, store::IncidentHistory},
     lifecycle::{
-        Lifecycle, cni, interface_events,
+        Lifecycle,
+        clock::Stamp,
+        cni, interface_events,
         pods::{self, SharedPods},
         processes,
-        clock::Stamp,
         timeline::Timeline,
     },
     sampling::{

@@ -22,11 +22,7 @@ use crate::{
     datapath::ProbeReport,
     export::metrics::Metrics,
     incidents::engine::SharedEngine,
-    lifecycle::{
-        Lifecycle,
-        clock::parse_rfc3339,
-        timeline::Timeline,
-    },
+    lifecycle::{Lifecycle, clock::parse_rfc3339, timeline::Timeline},
     sampling::sampler::{Sampler, WatchedInterface},
 };
 

@@ -2,10 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{
-    message::round,
-    record::Cause,
-};
+use super::{message::round, record::Cause};
 use crate::lifecycle::{
     clock::{Stamp, rfc3339},
     timeline::{Event, EventKind},

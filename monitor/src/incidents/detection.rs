@@ -112,7 +112,6 @@ impl Activity {
     }
 }
 
-
 /// One sample interval of an interface, in its trailing second.
 #[derive(Debug)]
 struct SampleInterval {
@@ -198,18 +197,15 @@ impl InterfaceState {
         let window_bad: u64 = self.window.iter().map(|t| t.bad).sum();
         let window_excess = window_bad as f64 - expected_per_s;
         let sample_above = bad > 0 && bad as f64 > expected_per_s * dt_s;
-        let silent: [Option<u64>; 2] = [
-            self.activity[0].silent_since(now_ns, silence_ns),
-            self.activity[1].silent_since(now_ns, silence_ns),
-        ];
+        let silent: [Option<u64>; 2] =
+            [self.activity[0].silent_since(now_ns, silence_ns), self.activity[1].silent_since(now_ns, silence_ns)];
 
         match &mut self.disruption {
             None => {
                 // Rates are judged once the baseline is warm: steady benign drops at start-up are no incident.
                 let warm = self.baseline.len() >= BASELINE_MIN;
                 let first_bad = self.window.iter().find(|t| t.bad > 0);
-                let by_rate =
-                    if warm && window_excess >= config.floor.max(1) as f64 { first_bad } else { None };
+                let by_rate = if warm && window_excess >= config.floor.max(1) as f64 { first_bad } else { None };
                 let silent_since = silent.iter().flatten().min().copied();
                 if by_rate.is_some() || silent_since.is_some() {
                     let (start_ns, start_counters) = match by_rate {

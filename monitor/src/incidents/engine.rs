@@ -590,7 +590,6 @@ mod tests {
         assert!(text.contains("d_count 1"), "{text}");
     }
 
-
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         /// Random bursts on three interfaces, random lifecycle events.

@@ -20,8 +20,8 @@ use super::{
 };
 use crate::{
     lifecycle::{
-        dirwatch::{self, DirChange, EntryEvent, ReadFence, Unsettled},
         clock::Stamp,
+        dirwatch::{self, DirChange, EntryEvent, ReadFence, Unsettled},
         timeline::{Event, Timeline},
     },
     sync,
