@@ -248,67 +248,38 @@ impl Config {
             }
             None => Self::default(),
         };
-        let replace_if_given = |target: &mut Vec<_>, given: Vec<_>| {
-            if !given.is_empty() {
-                *target = given;
-            }
-        };
-        if let Some(listen) = listen {
-            resolved.listen = listen;
+        // Flags and environment over the file: a list given replaces the file's, an option
+        // given replaces its value; what is not given keeps the file's (or the default).
+        macro_rules! overlay {
+            (lists: $($list:ident => $field:ident),*; options: $($option:ident),* $(,)?) => {
+                $(if !$list.is_empty() {
+                    resolved.$field = $list;
+                })*
+                $(if let Some(value) = $option {
+                    resolved.$option = value;
+                })*
+            };
         }
-        replace_if_given(&mut resolved.interfaces, interfaces);
-        replace_if_given(&mut resolved.exclude, excludes);
-        if !cni_dirs.is_empty() {
-            resolved.cni_dirs = cni_dirs;
-        }
-        if !sdn_processes.is_empty() {
-            resolved.sdn_processes = sdn_processes;
-        }
-        if let Some(dir) = cni_cache_dir {
-            resolved.cni_cache_dir = dir;
-        }
-        if let Some(dir) = state_dir {
-            resolved.state_dir = dir;
-        }
-        if let Some(format) = log_format {
-            resolved.log_format = format;
-        }
-        if let Some(seconds) = removed_interface_grace_seconds {
-            resolved.removed_interface_grace_seconds = seconds;
-        }
-        if let Some(ms) = sample_interval_ms {
-            resolved.sample_interval_ms = ms;
-        }
-        if let Some(seconds) = process_restart_window_seconds {
-            resolved.process_restart_window_seconds = seconds;
-        }
-        if let Some(capacity) = event_capacity {
-            resolved.event_capacity = capacity;
-        }
-        macro_rules! set {
-            ($($field:ident),*) => {$(
-                if let Some(value) = $field {
-                    resolved.$field = value;
-                }
-            )*};
-        }
-        set!(
+        overlay!(
+            lists: interfaces => interfaces, excludes => exclude, cni_dirs => cni_dirs, sdn_processes => sdn_processes;
+            options: listen,
+            cni_cache_dir,
+            state_dir,
+            log_format,
+            removed_interface_grace_seconds,
+            sample_interval_ms,
+            process_restart_window_seconds,
+            event_capacity,
             incident_floor,
             incident_quiet_ms,
             incident_silence_ms,
             incident_lookback_seconds,
             incident_baseline_seconds,
-            incident_history
+            incident_history,
+            tc_attach,
+            drop_tracer,
+            bpf_stats,
         );
-        if let Some(choice) = tc_attach {
-            resolved.tc_attach = choice;
-        }
-        if let Some(choice) = drop_tracer {
-            resolved.drop_tracer = choice;
-        }
-        if let Some(enabled) = bpf_stats {
-            resolved.bpf_stats = enabled;
-        }
         resolved.validate()?;
         Ok(resolved)
     }

@@ -24,6 +24,7 @@ use crate::{
     incidents::engine::SharedEngine,
     lifecycle::{Lifecycle, clock::parse_rfc3339, timeline::Timeline},
     sampling::sampler::{Sampler, WatchedInterface},
+    sync,
 };
 
 pub struct ApiState {
@@ -119,6 +120,6 @@ async fn lifecycle(State(state): State<Arc<ApiState>>) -> Response {
 }
 
 async fn incidents(State(state): State<Arc<ApiState>>) -> Response {
-    let incidents = state.engine.lock().unwrap_or_else(std::sync::PoisonError::into_inner).incidents();
+    let incidents = sync::lock(&state.engine).incidents();
     Json(incidents).into_response()
 }
