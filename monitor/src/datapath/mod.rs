@@ -1,6 +1,11 @@
-//! Loads the kernel programs, attaches them, and reads their maps.
+//! The kernel programs: [`Datapath::load`] loads them and attaches the drop tracer,
+//! [`Datapath::attach`] hangs the tc programs on an interface (`tc.rs`), [`Datapath::read`]
+//! sums their per-CPU maps, and [`Datapath::start_process_probe`] starts the process tracer,
+//! whose ring buffer records come out decoded ([`process_probe`]). Which probe variant each
+//! kernel supports is said in [`probes`]; struct offsets and drop reason names come from the
+//! kernel's BTF ([`kernel_layout`]).
 //!
-//! The one place that talks to aya: everything downstream sees plain counters.
+//! The one place that talks to aya: everything downstream sees plain counters and events.
 
 pub mod kernel_layout;
 pub mod mounts;

@@ -1,4 +1,5 @@
-//! What the agent serves: every Prometheus metric family, and the HTTP API.
+//! What the agent serves: every Prometheus metric family ([`metrics`]), and the HTTP API
+//! ([`api`]: `/metrics`, `/healthz`, `/readyz`, `/api/v1/*`).
 
 pub mod api;
 pub mod metrics;

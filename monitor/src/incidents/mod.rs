@@ -3,7 +3,7 @@
 //! ([`message`]), served as records ([`record`]) and kept across restarts ([`store`]).
 
 pub mod attribution;
-mod detection;
+pub mod detection;
 pub mod engine;
 pub mod message;
 pub mod record;

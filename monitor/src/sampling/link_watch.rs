@@ -5,7 +5,7 @@
 //! messages are applied in the order the kernel queued them (events that arrive during the
 //! dump update the same table), so no change between subscribing and dumping is lost. The
 //! kernel names a veth peer's network namespace only by an nsid relative to ours; the
-//! [`NetnsResolver`] maps nsids to netns inodes.
+//! resolver in [`super::netns`] maps nsids to netns inodes.
 
 use std::{collections::HashSet, io, os::fd::AsRawFd};
 

@@ -18,6 +18,8 @@ pub use self::{
     netns::OwnNetns,
 };
 
+/// Why interfaces cannot be watched. Messages leave their sources out: print errors with
+/// [`crate::errors::chain`].
 #[derive(Debug, thiserror::Error)]
 pub enum InterfaceError {
     #[error("invalid interface glob {glob:?}")]

@@ -291,7 +291,7 @@ pub struct CniSnapshot {
 /// One CNI config dir.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CniDirSnapshot {
-    /// The dir, absolute and normalized (see [`dirwatch::DirWatcher::dirs`]).
+    /// The dir, absolute and normalized (see [`crate::lifecycle::dirwatch::DirWatcher::dirs`]).
     #[serde(serialize_with = "lossy_path")]
     pub dir: PathBuf,
     pub exists: bool,
