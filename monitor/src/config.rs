@@ -215,52 +215,30 @@ impl Config {
 
     /// File (if any) overlaid with flags and environment.
     pub fn resolve(args: RunArgs) -> Result<Self, ConfigError> {
-        let RunArgs {
-            config,
-            dry_run: _,
-            listen,
-            interfaces,
-            excludes,
-            cni_dirs,
-            sdn_processes,
-            cni_cache_dir,
-            state_dir,
-            log_format,
-            removed_interface_grace_seconds,
-            sample_interval_ms,
-            process_restart_window_seconds,
-            event_capacity,
-            incident_floor,
-            incident_quiet_ms,
-            incident_silence_ms,
-            incident_lookback_seconds,
-            incident_baseline_seconds,
-            incident_history,
-            tc_attach,
-            drop_tracer,
-            bpf_stats,
-        } = args;
-        let mut resolved = match config {
-            Some(path) => {
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|source| ConfigError::Read { path: path.clone(), source })?;
-                Self::from_toml(&path, &text)?
-            }
-            None => Self::default(),
-        };
-        // Flags and environment over the file: a list given replaces the file's, an option
-        // given replaces its value; what is not given keeps the file's (or the default).
+        // Each flag is named once, below: the destructuring makes a new flag a compile error
+        // until it is listed. A list given replaces the file's, an option given replaces its
+        // value; what is not given keeps the file's (or the default).
         macro_rules! overlay {
-            (lists: $($list:ident => $field:ident),*; options: $($option:ident),* $(,)?) => {
+            (lists: $($list:ident => $field:ident),*; options: $($option:ident),* $(,)?) => {{
+                let RunArgs { config, dry_run: _, $($list,)* $($option,)* } = args;
+                let mut resolved = match config {
+                    Some(path) => {
+                        let text = std::fs::read_to_string(&path)
+                            .map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+                        Self::from_toml(&path, &text)?
+                    }
+                    None => Self::default(),
+                };
                 $(if !$list.is_empty() {
                     resolved.$field = $list;
                 })*
                 $(if let Some(value) = $option {
                     resolved.$option = value;
                 })*
-            };
+                resolved
+            }};
         }
-        overlay!(
+        let resolved = overlay!(
             lists: interfaces => interfaces, excludes => exclude, cni_dirs => cni_dirs, sdn_processes => sdn_processes;
             options: listen,
             cni_cache_dir,
