@@ -424,13 +424,13 @@ mod tests {
         let not_a_dir = dir.0.join("plain-file");
         fs::write(&not_a_dir, "x").unwrap();
         for state in [not_a_dir.clone(), not_a_dir.join("sub")] {
-            let error = format!("{:#}", IncidentStore::open(&state, DEFAULT_MAX_BYTES).unwrap_err());
+            let error = crate::errors::chain(IncidentStore::open(&state, DEFAULT_MAX_BYTES).unwrap_err().as_ref());
             assert!(error.contains(&state.display().to_string()), "{error}");
         }
         // The history file's name is taken by a directory.
         let state = dir.0.join("state");
         fs::create_dir_all(state.join(FILE_NAME)).unwrap();
-        let error = format!("{:#}", IncidentStore::open(&state, DEFAULT_MAX_BYTES).unwrap_err());
+        let error = crate::errors::chain(IncidentStore::open(&state, DEFAULT_MAX_BYTES).unwrap_err().as_ref());
         assert!(error.contains(FILE_NAME), "{error}");
     }
 
@@ -442,7 +442,7 @@ mod tests {
         }
         std::os::unix::fs::symlink("/dev/full", dir.0.join(FILE_NAME)).unwrap();
         let mut store = IncidentStore::open(&dir.0, DEFAULT_MAX_BYTES).unwrap();
-        let error = format!("{:#}", store.append(&incident(1)).unwrap_err());
+        let error = crate::errors::chain(store.append(&incident(1)).unwrap_err().as_ref());
         assert!(error.contains(FILE_NAME), "{error}");
         assert!(store.append(&incident(2)).is_err());
     }
