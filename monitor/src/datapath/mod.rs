@@ -231,6 +231,7 @@ impl Datapath {
         self.attached.len()
     }
 
+    /// Removes drop entries of devices that no longer exist, after their final read.
     pub fn forget_drops<F: Fn(&DropKey) -> bool>(&mut self, gone: F) {
         let keys: Vec<DropKey> = self.drops.keys().filter_map(Result::ok).filter(|k| gone(k)).collect();
         for key in keys {

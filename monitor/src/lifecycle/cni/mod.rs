@@ -7,11 +7,12 @@
 //! entirely); the default network of a dir is the first *valid* config by file name (byte
 //! order), so an invalid file sorting first never hides a valid one.
 //!
-//! The module has two halves: a pure state machine (`DirState`: facts about files in, events
-//! out) and the I/O around it (`examine`, `list_dir`, [`start`]), fed by [`crate::lifecycle::dirwatch`]
-//! (inotify, no polling). A file read while it was being written, or changed while it was read,
-//! is read again or left for its next change (see [`crate::lifecycle::dirwatch`]), so a config rewritten
-//! in place does not flap through "invalid".
+//! Three parts: the rules for one entry (`rules.rs`: which names count, validation, looking at
+//! an entry), a pure state machine per dir (`dir_state.rs`: facts about files in, events out)
+//! and the I/O that feeds it (`watch.rs`, [`start`]), driven by [`crate::lifecycle::dirwatch`]
+//! (inotify, no polling). A file read while it was being written, or changed while it was
+//! read, is read again or left for its next change (see [`crate::lifecycle::dirwatch`]), so a
+//! config rewritten in place does not flap through "invalid".
 //!
 //! Events and their subjects: a file's events have the file's full path as subject.
 //! `cni_default_network_missing` has the dir's previous default file as subject (the dir itself
@@ -20,6 +21,7 @@
 //! to another is told by the added/removed events alone. At start-up existing files are
 //! current state, not changes (no `added`), but invalid files are reported, and so is a dir
 //! that exists with no valid config. A dir that appears later without a valid config is not
+//! reported missing (it never had a default).
 
 mod dir_state;
 mod rules;
