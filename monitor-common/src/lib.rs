@@ -5,6 +5,9 @@
 #![no_std]
 
 /// Per direction counters of one interface, incremented in place by the tc programs.
+///
+/// Every field but `unanswered_since_ns` is a count; per-CPU copies are summed, except
+/// that field, whose copies are combined by `max`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DirectionCounters {
@@ -15,15 +18,32 @@ pub struct DirectionCounters {
     pub tcp_resets: u64,
     /// SYNs (without ACK) repeating the sequence number of an earlier unanswered SYN.
     pub syn_retransmits: u64,
+    /// Handshakes started: SYNs (without ACK) that are not retransmits.
+    pub syns: u64,
+    /// Handshakes started in this direction that got their SYN-ACK or RST (seen in the other
+    /// direction of the same interface).
+    pub syns_answered: u64,
+    /// Packets of conversations sending in this direction while nothing came back for
+    /// [`UNANSWERED_AFTER_NS`] (see [`Conversation`]): counted from the start of the
+    /// one-sided stretch once it is that long.
+    pub unanswered: u64,
+    /// `bpf_ktime_get_coarse_ns()` at which the latest counted one-sided stretch began.
+    pub unanswered_since_ns: u64,
 }
 
 impl DirectionCounters {
+    /// Folds another CPU's copy in: counts add, the stretch start is the latest.
     pub fn add(&mut self, other: &Self) {
-        let Self { packets, bytes, tcp_resets, syn_retransmits } = other;
+        let Self { packets, bytes, tcp_resets, syn_retransmits, syns, syns_answered, unanswered, unanswered_since_ns } =
+            other;
         self.packets += packets;
         self.bytes += bytes;
         self.tcp_resets += tcp_resets;
         self.syn_retransmits += syn_retransmits;
+        self.syns += syns;
+        self.syns_answered += syns_answered;
+        self.unanswered += unanswered;
+        self.unanswered_since_ns = self.unanswered_since_ns.max(*unanswered_since_ns);
     }
 }
 
@@ -84,6 +104,48 @@ pub struct FlowState {
     pub syns: u32,
 }
 
+/// One side of a [`Conversation`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConversationSide {
+    /// `bpf_ktime_get_coarse_ns()` of this side's latest packet (0: none yet).
+    pub last_ns: u64,
+    /// When this side's current one-sided stretch began: its first packet after the other
+    /// side's latest one.
+    pub since_ns: u64,
+    /// Packets in the current stretch.
+    pub packets: u32,
+    /// [`STRETCH_EXPECTS_ANSWER`] | [`STRETCH_COUNTED`].
+    pub flags: u32,
+}
+
+/// The stretch is one that normally gets an answer: TCP once the other side ever spoke,
+/// UDP and ICMP when it spoke within [`CONVERSATION_NS`] before the stretch began, every
+/// ARP request.
+pub const STRETCH_EXPECTS_ANSWER: u32 = 1;
+/// The stretch's packets so far were counted as unanswered.
+pub const STRETCH_COUNTED: u32 = 2;
+
+/// Value of [`CONVERSATIONS_MAP`], an array indexed by a hash of (ifindex, protocol, the two
+/// endpoints): the last packets of each side of one conversation (TCP/UDP flow, ICMP or ARP
+/// between two addresses). A slot is shared by whatever conversations hash to it; `tag`
+/// tells whose it is, and a new owner starts it afresh. Racy by design (no locks): a lost
+/// update can only miss or delay one count.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Conversation {
+    /// The full hash of the conversation holding the slot (never 0 once used).
+    pub tag: u64,
+    /// Side 0 is the endpoint that sorts first (address, then port).
+    pub sides: [ConversationSide; 2],
+}
+
+/// A stretch of packets with no answer for this long is loss, not latency: pod traffic on a
+/// node is answered in well under a millisecond, and even a 300 ms path answers within it.
+pub const UNANSWERED_AFTER_NS: u64 = 500_000_000;
+/// UDP and ICMP: the other side must have spoken this recently for silence to be unexpected.
+pub const CONVERSATION_NS: u64 = 1_000_000_000;
+
 /// Key of [`DROPS_MAP`]: where the kernel freed a packet as dropped, and why.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -120,6 +182,7 @@ pub const INTERFACE_COUNTERS_MAP: &str = "INTERFACE_COUNTERS";
 pub const INTERFACE_SLOTS_MAP: &str = "INTERFACE_SLOTS";
 pub const FLOWS_MAP: &str = "FLOWS";
 pub const DROPS_MAP: &str = "DROPS";
+pub const CONVERSATIONS_MAP: &str = "CONVERSATIONS";
 pub const MAP_ERRORS_MAP: &str = "MAP_ERRORS";
 pub const SDN_COMMS_MAP: &str = "SDN_COMMS";
 pub const PROCESS_EVENTS_MAP: &str = "PROCESS_EVENTS";
@@ -130,6 +193,8 @@ pub const INTERFACE_COUNTERS_MAX: u32 = 4096;
 /// (a power of two, so the kernel's modulo is a mask).
 pub const INTERFACE_SLOTS_MAX: u32 = 1024;
 pub const FLOWS_MAX: u32 = 65_536;
+/// Slots of [`CONVERSATIONS_MAP`] (a power of two: the kernel's modulo is a mask).
+pub const CONVERSATIONS_MAX: u32 = 16_384;
 pub const DROPS_MAX: u32 = 16_384;
 /// How many process names the kernel filter holds.
 pub const SDN_COMMS_MAX: u32 = 64;
@@ -203,6 +268,7 @@ mod user {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowState {}
     unsafe impl aya::Pod for DropKey {}
+    unsafe impl aya::Pod for Conversation {}
     unsafe impl aya::Pod for ProcessEvent {}
 }
 
@@ -213,9 +279,12 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<DirectionCounters>(), 32);
-        assert_eq!(size_of::<InterfaceCounters>(), 64);
-        assert_eq!(size_of::<InterfaceSlot>(), 4 + 4 + 64);
+        assert_eq!(size_of::<DirectionCounters>(), 64);
+        assert_eq!(size_of::<InterfaceCounters>(), 128);
+        assert_eq!(size_of::<InterfaceSlot>(), 4 + 4 + 128);
+        assert_eq!(size_of::<ConversationSide>(), 8 + 8 + 4 + 4);
+        assert_eq!(size_of::<Conversation>(), 8 + 2 * 24);
+        assert!(CONVERSATIONS_MAX.is_power_of_two());
         assert!(INTERFACE_SLOTS_MAX.is_power_of_two());
         assert_eq!(size_of::<FlowKey>(), 4 + 2 + 2 + 16 + 16 + 2 + 2);
         assert_eq!(size_of::<FlowState>(), 16);

@@ -1,16 +1,22 @@
-//! tc programs on watched interfaces: packets, bytes, TCP resets and SYN retransmits.
+//! tc programs on watched interfaces: packets, bytes, TCP resets, handshakes (started,
+//! answered, retransmitted) and unanswered conversations.
+//!
+//! Every packet pays for the per-interface counters; IPv4/IPv6 TCP, UDP and ICMP packets and
+//! ARP also for one array slot of [`CONVERSATIONS`] (no hash map, no lock); only SYN and RST
+//! segments touch the flow table.
 
 use aya_ebpf::{
     bindings::__sk_buff,
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     macros::{classifier, map},
-    maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::TcContext,
 };
 use monitor_common::{
-    AF_INET, AF_INET6, DirectionCounters, FLOWS_MAX, FlowKey, FlowState, INTERFACE_COUNTERS_MAX, INTERFACE_SLOTS_MAX,
-    InterfaceCounters, InterfaceSlot, MAP_ERROR_FLOWS_INSERT, MAP_ERROR_INTERFACE_INSERT, MAP_ERROR_SLOTS,
-    SYN_RETRANSMIT_WINDOW_NS,
+    AF_INET, AF_INET6, CONVERSATION_NS, CONVERSATIONS_MAX, Conversation, ConversationSide, DirectionCounters,
+    FLOWS_MAX, FlowKey, FlowState, INTERFACE_COUNTERS_MAX, INTERFACE_SLOTS_MAX, InterfaceCounters, InterfaceSlot,
+    MAP_ERROR_FLOWS_INSERT, MAP_ERROR_INTERFACE_INSERT, MAP_ERROR_SLOTS, STRETCH_COUNTED, STRETCH_EXPECTS_ANSWER,
+    SYN_RETRANSMIT_WINDOW_NS, UNANSWERED_AFTER_NS,
 };
 
 #[map(name = "INTERFACE_COUNTERS")]
@@ -23,6 +29,9 @@ static INTERFACE_SLOTS: PerCpuArray<InterfaceSlot> = PerCpuArray::with_max_entri
 #[map(name = "FLOWS")]
 static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(FLOWS_MAX, 0);
 
+#[map(name = "CONVERSATIONS")]
+static CONVERSATIONS: Array<Conversation> = Array::with_max_entries(CONVERSATIONS_MAX, 0);
+
 #[map(name = "MAP_ERRORS")]
 pub(crate) static MAP_ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAP_ERROR_SLOTS, 0);
 
@@ -32,7 +41,12 @@ const TC_ACT_UNSPEC: i32 = -1;
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86DD;
+const ETH_P_ARP: u16 = 0x0806;
+const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const IPPROTO_ICMPV6: u8 = 58;
+const ARP_REQUEST: u16 = 1;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
@@ -70,7 +84,7 @@ fn observe(ctx: &TcContext, ingress: bool) {
     let direction = if ingress { &mut counters.ingress } else { &mut counters.egress };
     direction.packets += 1;
     direction.bytes += u64::from(ctx.len());
-    let _ = observe_tcp(ctx, ifindex, direction);
+    let _ = observe_packet(ctx, ifindex, counters, ingress);
 }
 
 /// The interface's slot when the agent gave it one (an array lookup, inlined by the
@@ -112,40 +126,197 @@ fn read<T: Copy>(ctx: &TcContext, offset: usize) -> Result<T, i64> {
 const IPV4_HLEN: usize = 20;
 const IPV6_HLEN: usize = 40;
 
-fn observe_tcp(ctx: &TcContext, ifindex: u32, direction: &mut DirectionCounters) -> Result<(), i64> {
+/// One endpoint of a conversation: address (IPv4 in the first word) and port (0 for ICMP
+/// and ARP), as read from the wire.
+#[derive(Clone, Copy)]
+struct Endpoint {
+    address: [u64; 2],
+    port: u16,
+}
+
+impl Endpoint {
+    fn sorts_before(&self, other: &Endpoint) -> bool {
+        (self.address[0], self.address[1], self.port) < (other.address[0], other.address[1], other.port)
+    }
+}
+
+/// What the answer to a one-sided stretch of this packet's conversation is expected from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expects {
+    /// TCP: the other side acknowledges whatever it gets, so once it spoke at all, silence
+    /// from it while this side sends is loss.
+    OnceAnswered,
+    /// UDP, ICMP: only if it spoke just before the stretch (many UDP streams are one-way).
+    JustAnswered,
+    /// An ARP request always expects its reply.
+    Always,
+    /// ARP replies expect nothing.
+    Nothing,
+}
+
+fn observe_packet(ctx: &TcContext, ifindex: u32, counters: &mut InterfaceCounters, ingress: bool) -> Result<(), i64> {
     // skb->protocol: the ethertype, without touching the packet.
     // SAFETY: ctx.skb.skb is the program's context pointer.
     let protocol = u16::from_be(unsafe { (*ctx.skb.skb.cast::<__sk_buff>()).protocol } as u16);
-    // Every packet pays for what is read before the flags test, so only the bytes that
-    // decide "TCP, and SYN or RST?" are read there; addresses, ports and the flow key (a
-    // 40-byte stack fill) only for SYN and RST packets.
-    let (family, l4) = match protocol {
+    let (family, proto, l4, source, destination) = match protocol {
         ETH_P_IP => {
-            // Version/IHL, .., flags/fragment offset, TTL, protocol.
-            let ip: [u8; 10] = read(ctx, ETH_HLEN)?;
+            let ip: [u8; IPV4_HLEN] = read(ctx, ETH_HLEN)?;
             let ihl = usize::from(ip[0] & 0x0f) * 4;
             let fragment_offset = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff;
-            if ihl < IPV4_HLEN || ip[9] != IPPROTO_TCP || fragment_offset != 0 {
+            // Later fragments carry no ports: the first one stands for the datagram.
+            if ihl < IPV4_HLEN || fragment_offset != 0 {
                 return Ok(());
             }
-            (AF_INET, ETH_HLEN + ihl)
+            let word = |at: usize| u64::from(u32::from_ne_bytes([ip[at], ip[at + 1], ip[at + 2], ip[at + 3]]));
+            let source = Endpoint { address: [word(12), 0], port: 0 };
+            let destination = Endpoint { address: [word(16), 0], port: 0 };
+            (AF_INET, ip[9], ETH_HLEN + ihl, source, destination)
         }
         ETH_P_IPV6 => {
-            // Extension headers before TCP are rare on pod networks and not followed.
-            let fixed: [u8; 8] = read(ctx, ETH_HLEN)?;
-            if fixed[6] != IPPROTO_TCP {
-                return Ok(());
-            }
-            (AF_INET6, ETH_HLEN + IPV6_HLEN)
+            // Extension headers before the transport header are rare on pod networks and not followed.
+            let ip: [u8; IPV6_HLEN] = read(ctx, ETH_HLEN)?;
+            let half = |at: usize| {
+                u64::from_ne_bytes([
+                    ip[at],
+                    ip[at + 1],
+                    ip[at + 2],
+                    ip[at + 3],
+                    ip[at + 4],
+                    ip[at + 5],
+                    ip[at + 6],
+                    ip[at + 7],
+                ])
+            };
+            let source = Endpoint { address: [half(8), half(16)], port: 0 };
+            let destination = Endpoint { address: [half(24), half(32)], port: 0 };
+            (AF_INET6, ip[6], ETH_HLEN + IPV6_HLEN, source, destination)
         }
+        ETH_P_ARP => return observe_arp(ctx, ifindex, counters, ingress),
         _ => return Ok(()),
     };
-    // Data offset/reserved, flags.
-    let flags = read::<[u8; 2]>(ctx, l4 + 12)?[1];
-    // Most packets are neither SYN nor RST: no flow key and no flow-table access for them.
-    if flags & (TCP_SYN | TCP_RST) == 0 {
+    let (mut source, mut destination) = (source, destination);
+    let expects = match proto {
+        IPPROTO_TCP => {
+            // Ports, sequence number, acknowledgment number, data offset and flags.
+            let tcp: [u8; 14] = read(ctx, l4)?;
+            source.port = u16::from_ne_bytes([tcp[0], tcp[1]]);
+            destination.port = u16::from_ne_bytes([tcp[2], tcp[3]]);
+            let flags = tcp[13];
+            // Most segments are neither SYN nor RST: no flow key and no flow-table access for them.
+            if flags & (TCP_SYN | TCP_RST) != 0 {
+                handshake(ctx, ifindex, family, &tcp, counters, ingress)?;
+            }
+            Expects::OnceAnswered
+        }
+        IPPROTO_UDP => {
+            let ports: [u8; 4] = read(ctx, l4)?;
+            source.port = u16::from_ne_bytes([ports[0], ports[1]]);
+            destination.port = u16::from_ne_bytes([ports[2], ports[3]]);
+            Expects::JustAnswered
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => Expects::JustAnswered,
+        _ => return Ok(()),
+    };
+    let direction = if ingress { &mut counters.ingress } else { &mut counters.egress };
+    converse(direction, ifindex, proto, &source, &destination, expects);
+    Ok(())
+}
+
+/// ARP over Ethernet/IPv4: a request from its sender for its target, a reply the other way.
+fn observe_arp(ctx: &TcContext, ifindex: u32, counters: &mut InterfaceCounters, ingress: bool) -> Result<(), i64> {
+    // Hardware type .. opcode (8 bytes), sender MAC, sender IP, target MAC, target IP.
+    let arp: [u8; 28] = read(ctx, ETH_HLEN)?;
+    let opcode = u16::from_be_bytes([arp[6], arp[7]]);
+    let sender = u64::from(u32::from_ne_bytes([arp[14], arp[15], arp[16], arp[17]]));
+    let target = u64::from(u32::from_ne_bytes([arp[24], arp[25], arp[26], arp[27]]));
+    // Gratuitous ARP and address probes (sender 0) ask nobody.
+    if sender == target || sender == 0 {
         return Ok(());
     }
+    let expects = if opcode == ARP_REQUEST { Expects::Always } else { Expects::Nothing };
+    let direction = if ingress { &mut counters.ingress } else { &mut counters.egress };
+    let source = Endpoint { address: [sender, 0], port: 0 };
+    let destination = Endpoint { address: [target, 0], port: 0 };
+    converse(direction, ifindex, 0, &source, &destination, expects);
+    Ok(())
+}
+
+#[inline(always)]
+fn mix(value: u64) -> u64 {
+    let value = (value ^ (value >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    value ^ (value >> 29)
+}
+
+/// Updates the conversation of this packet and counts its packets as unanswered once this
+/// side has sent for [`UNANSWERED_AFTER_NS`] with nothing back, where an answer is expected.
+#[inline(always)]
+fn converse(
+    direction: &mut DirectionCounters,
+    ifindex: u32,
+    proto: u8,
+    source: &Endpoint,
+    destination: &Endpoint,
+    expects: Expects,
+) {
+    let (low, high, side) =
+        if source.sorts_before(destination) { (source, destination, 0) } else { (destination, source, 1) };
+    let mut hash = mix((u64::from(ifindex) << 8) | u64::from(proto));
+    hash = mix(hash ^ low.address[0]);
+    hash = mix(hash ^ low.address[1]);
+    hash = mix(hash ^ high.address[0]);
+    hash = mix(hash ^ high.address[1]);
+    let tag = mix(hash ^ ((u64::from(low.port) << 16) | u64::from(high.port))) | 1;
+    let Some(slot) = CONVERSATIONS.get_ptr_mut((tag >> 32) as u32 & (CONVERSATIONS_MAX - 1)) else {
+        return;
+    };
+    // SAFETY: a shared array slot; concurrent writers can only make us miss or delay a count.
+    let slot = unsafe { &mut *slot };
+    if slot.tag != tag {
+        *slot = Conversation { tag, sides: [ConversationSide::default(); 2] };
+    }
+    // SAFETY: bpf_ktime_get_coarse_ns has no preconditions.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let [zero, one] = &mut slot.sides;
+    let (this, other_last) = if side == 0 { (zero, one.last_ns) } else { (one, zero.last_ns) };
+    if this.since_ns == 0 || other_last >= this.since_ns {
+        // The other side spoke since this side's stretch began: a new stretch.
+        let expected = match expects {
+            Expects::OnceAnswered => other_last != 0,
+            Expects::JustAnswered => other_last != 0 && now.saturating_sub(other_last) <= CONVERSATION_NS,
+            Expects::Always => true,
+            Expects::Nothing => false,
+        };
+        *this = ConversationSide {
+            last_ns: now,
+            since_ns: now,
+            packets: 0,
+            flags: if expected { STRETCH_EXPECTS_ANSWER } else { 0 },
+        };
+    }
+    this.packets += 1;
+    this.last_ns = now;
+    if this.flags & STRETCH_EXPECTS_ANSWER != 0 && now.saturating_sub(this.since_ns) >= UNANSWERED_AFTER_NS {
+        if this.flags & STRETCH_COUNTED == 0 {
+            // The whole stretch so far, once: it is as old as its first packet.
+            this.flags |= STRETCH_COUNTED;
+            direction.unanswered += u64::from(this.packets);
+            direction.unanswered_since_ns = direction.unanswered_since_ns.max(this.since_ns);
+        } else {
+            direction.unanswered += 1;
+        }
+    }
+}
+
+/// SYN and RST segments: handshakes started, answered and retransmitted, resets.
+/// `tcp` holds the TCP header's first 14 bytes.
+fn handshake(
+    ctx: &TcContext,
+    ifindex: u32,
+    family: u16,
+    tcp: &[u8; 14],
+    counters: &mut InterfaceCounters,
+    ingress: bool,
+) -> Result<(), i64> {
     let mut key = FlowKey { ifindex, family, ..FlowKey::default() };
     if family == AF_INET {
         let addresses: [u8; 8] = read(ctx, ETH_HLEN + 12)?;
@@ -155,20 +326,24 @@ fn observe_tcp(ctx: &TcContext, ifindex: u32, direction: &mut DirectionCounters)
         key.saddr = read(ctx, ETH_HLEN + 8)?;
         key.daddr = read(ctx, ETH_HLEN + 24)?;
     }
-    // Source port, destination port, sequence number.
-    let tcp: [u8; 8] = read(ctx, l4)?;
     key.sport = u16::from_ne_bytes([tcp[0], tcp[1]]);
     key.dport = u16::from_ne_bytes([tcp[2], tcp[3]]);
-
-    if flags & TCP_RST != 0 {
-        direction.tcp_resets += 1;
-        // A reset answers the handshake it refuses.
-        let _ = FLOWS.remove(reversed(&key));
-    } else if flags & TCP_ACK == 0 {
-        syn_seen(&key, u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]), direction);
+    let flags = tcp[13];
+    let (this, other) = if ingress {
+        (&mut counters.ingress, &mut counters.egress)
     } else {
-        // SYN-ACK: the handshake is answered.
-        let _ = FLOWS.remove(reversed(&key));
+        (&mut counters.egress, &mut counters.ingress)
+    };
+    if flags & TCP_RST != 0 {
+        this.tcp_resets += 1;
+    }
+    if flags & TCP_RST != 0 || flags & TCP_ACK != 0 {
+        // A SYN-ACK or a reset answers the handshake the other direction started.
+        if FLOWS.remove(reversed(&key)).is_ok() {
+            other.syns_answered += 1;
+        }
+    } else {
+        syn_seen(&key, u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]), this);
     }
     Ok(())
 }
@@ -183,12 +358,15 @@ fn syn_seen(key: &FlowKey, seq: u32, direction: &mut DirectionCounters) {
             direction.syn_retransmits += 1;
             state.syns += 1;
         } else {
+            // The same ports again with a new sequence number: a new handshake.
+            direction.syns += 1;
             state.syn_seq = seq;
             state.syns = 1;
         }
         state.last_syn_ns = now;
         return;
     }
+    direction.syns += 1;
     let state = FlowState { last_syn_ns: now, syn_seq: seq, syns: 1 };
     if FLOWS.insert(key, state, 0).is_err() {
         count_map_error(MAP_ERROR_FLOWS_INSERT);

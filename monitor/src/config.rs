@@ -87,15 +87,15 @@ pub struct RunArgs {
     /// How many lifecycle events the timeline keeps (oldest dropped first).
     #[arg(long, env = "DATAPATH_MONITOR_EVENT_CAPACITY")]
     pub event_capacity: Option<usize>,
-    /// Bad events (drops, resets, SYN retransmits) in one second above an interface's baseline that start a disruption.
+    /// Lost packets (dropped, retransmitted, unanswered) in one second above an interface's baseline that start a disruption.
     #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_FLOOR")]
     pub incident_floor: Option<u64>,
     /// How long a disruption must stay calm before it ends (hysteresis), in milliseconds.
     #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_QUIET_MS")]
     pub incident_quiet_ms: Option<u64>,
-    /// How long steady traffic in one direction must stop to count as a disruption, in milliseconds.
-    #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_SILENCE_MS")]
-    pub incident_silence_ms: Option<u64>,
+    /// The longest an incident lasts, in seconds: one still going then is closed, and its loss rate becomes the baseline.
+    #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_MAX_SECONDS")]
+    pub incident_max_seconds: Option<u64>,
     /// How far before an incident lifecycle events are candidate causes, in seconds.
     #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_LOOKBACK_SECONDS")]
     pub incident_lookback_seconds: Option<u64>,
@@ -143,7 +143,7 @@ pub struct Config {
     pub event_capacity: usize,
     pub incident_floor: u64,
     pub incident_quiet_ms: u64,
-    pub incident_silence_ms: u64,
+    pub incident_max_seconds: u64,
     pub incident_lookback_seconds: u64,
     pub incident_baseline_seconds: u64,
     pub incident_history: usize,
@@ -183,9 +183,9 @@ impl Default for Config {
             sample_interval_ms: 250,
             process_restart_window_seconds: 60,
             event_capacity: 10_000,
-            incident_floor: 5,
+            incident_floor: 3,
             incident_quiet_ms: 3_000,
-            incident_silence_ms: 2_000,
+            incident_max_seconds: 300,
             incident_lookback_seconds: 30,
             incident_baseline_seconds: 60,
             incident_history: 1_000,
@@ -250,7 +250,7 @@ impl Config {
             event_capacity,
             incident_floor,
             incident_quiet_ms,
-            incident_silence_ms,
+            incident_max_seconds,
             incident_lookback_seconds,
             incident_baseline_seconds,
             incident_history,
@@ -281,7 +281,7 @@ impl Config {
         let ranges: [(&'static str, u64, std::ops::RangeInclusive<u64>, &'static str); 6] = [
             ("incident_floor", self.incident_floor, 1..=1_000_000, "between 1 and 1000000"),
             ("incident_quiet_ms", self.incident_quiet_ms, 250..=600_000, "between 250 and 600000"),
-            ("incident_silence_ms", self.incident_silence_ms, 500..=600_000, "between 500 and 600000"),
+            ("incident_max_seconds", self.incident_max_seconds, 10..=86_400, "between 10 and 86400"),
             ("incident_lookback_seconds", self.incident_lookback_seconds, 0..=3_600, "between 0 and 3600"),
             ("incident_baseline_seconds", self.incident_baseline_seconds, 5..=3_600, "between 5 and 3600"),
             ("incident_history", self.incident_history as u64, 1..=100_000, "between 1 and 100000"),
@@ -310,7 +310,7 @@ impl Config {
         crate::incidents::EngineConfig {
             floor: self.incident_floor,
             quiet: Duration::from_millis(self.incident_quiet_ms),
-            silence: Duration::from_millis(self.incident_silence_ms),
+            max_duration: Duration::from_secs(self.incident_max_seconds),
             lookback: Duration::from_secs(self.incident_lookback_seconds),
             baseline_seconds: self.incident_baseline_seconds as usize,
             history: self.incident_history,

@@ -7,7 +7,8 @@
 //! Three collectors, one per source:
 //!
 //! - the sample: `datapath_packets_total`, `datapath_bytes_total`, `datapath_tcp_resets_total`,
-//!   `datapath_tcp_syn_retransmits_total`, `datapath_drops_total`,
+//!   `datapath_tcp_syn_retransmits_total`, `datapath_tcp_handshakes_total`,
+//!   `datapath_tcp_handshakes_answered_total`, `datapath_unanswered_packets_total`, `datapath_drops_total`,
 //!   `datapath_interfaces_attached`, `datapath_bpf_program_runs_total`,
 //!   `datapath_bpf_program_run_seconds_total`, `datapath_probe_loaded`,
 //!   `datapath_bpf_map_update_errors_total`;
@@ -15,7 +16,8 @@
 //!   `datapath_cni_config_changes_total`, `datapath_sdn_process_running`,
 //!   `datapath_sdn_process_restarts_total`, `datapath_lifecycle_events_total`,
 //!   `datapath_cni_cache_files_skipped_total`;
-//! - the incident engine: `datapath_incidents_total`, `datapath_incident_active`,
+//! - the incident engine: `datapath_incidents_total`, `datapath_incident_lost_packets_total`,
+//!   `datapath_incident_active`,
 //!   `datapath_incident_duration_seconds`.
 
 use std::sync::Arc;
@@ -143,6 +145,24 @@ impl Collector for SampleCollector {
             per_direction(|c| c.bytes),
         )?;
         counter(&mut encoder, "datapath_tcp_resets", "TCP segments carrying RST.", per_direction(|c| c.tcp_resets))?;
+        counter(
+            &mut encoder,
+            "datapath_tcp_handshakes",
+            "TCP handshakes started (SYNs that are not retransmits) in this direction.",
+            per_direction(|c| c.syns),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_tcp_handshakes_answered",
+            "TCP handshakes started in this direction that got a SYN-ACK or a reset.",
+            per_direction(|c| c.syns_answered),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_unanswered_packets",
+            "Packets sent in this direction by conversations that got nothing back for 500 ms.",
+            per_direction(|c| c.unanswered),
+        )?;
         counter(
             &mut encoder,
             "datapath_tcp_syn_retransmits",
@@ -298,20 +318,35 @@ impl std::fmt::Debug for IncidentCollector {
     }
 }
 
+fn by_cause(map: &std::collections::BTreeMap<String, u64>) -> impl Iterator<Item = (Labels<'_>, u64)> {
+    map.iter().map(|(cause, n)| {
+        let labels: Labels = vec![("cause", cause.as_str())];
+        (labels, *n)
+    })
+}
+
 impl Collector for IncidentCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (opened, active, durations) = {
+        let (ended, lost, active, durations) = {
             let engine = sync::lock(&self.0);
-            (engine.opened_by_cause().clone(), engine.active(), engine.durations().clone())
+            (
+                engine.ended_by_cause().clone(),
+                engine.lost_by_cause().clone(),
+                engine.active(),
+                engine.durations().clone(),
+            )
         };
         counter(
             &mut encoder,
             "datapath_incidents",
-            "Incidents opened since the agent started, by top cause kind when opened (or unattributed).",
-            opened.iter().map(|(cause, n)| {
-                let labels: Labels = vec![("cause", cause.as_str())];
-                (labels, *n)
-            }),
+            "Incidents ended since the agent started, by their final top cause kind (or unattributed).",
+            by_cause(&ended),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_incident_lost_packets",
+            "Packets lost in ended incidents (dropped, retransmitted, unanswered), by final top cause kind.",
+            by_cause(&lost),
         )?;
         gauge(
             &mut encoder,
@@ -351,8 +386,15 @@ mod tests {
                 interface: "veth1a2b3c4d".into(),
                 ifindex: 5,
                 counters: InterfaceCounters {
-                    ingress: DirectionCounters { packets: 3, bytes: 426, tcp_resets: 0, syn_retransmits: 2 },
-                    egress: DirectionCounters { packets: 1, bytes: 54, tcp_resets: 1, syn_retransmits: 0 },
+                    ingress: DirectionCounters {
+                        packets: 3,
+                        bytes: 426,
+                        syn_retransmits: 2,
+                        syns: 3,
+                        unanswered: 3,
+                        ..Default::default()
+                    },
+                    egress: DirectionCounters { packets: 1, bytes: 54, tcp_resets: 1, ..Default::default() },
                 },
                 drops: BTreeMap::from([("NO_SOCKET".to_string(), 7)]),
                 ..InterfaceSeries::default()
@@ -371,6 +413,9 @@ mod tests {
             r#"datapath_bytes_total{interface="veth1a2b3c4d",direction="egress",pod_namespace="",pod=""} 54"#,
             r#"datapath_tcp_resets_total{interface="veth1a2b3c4d",direction="egress",pod_namespace="",pod=""} 1"#,
             r#"datapath_tcp_syn_retransmits_total{interface="veth1a2b3c4d",pod_namespace="",pod=""} 2"#,
+            r#"datapath_tcp_handshakes_total{interface="veth1a2b3c4d",direction="ingress",pod_namespace="",pod=""} 3"#,
+            r#"datapath_tcp_handshakes_answered_total{interface="veth1a2b3c4d",direction="ingress",pod_namespace="",pod=""} 0"#,
+            r#"datapath_unanswered_packets_total{interface="veth1a2b3c4d",direction="ingress",pod_namespace="",pod=""} 3"#,
             r#"datapath_drops_total{interface="veth1a2b3c4d",reason="NO_SOCKET",pod_namespace="",pod=""} 7"#,
             r#"datapath_drops_total{interface="other",reason="NOT_SPECIFIED",pod_namespace="",pod=""} 4"#,
             "datapath_interfaces_attached 1",

@@ -1,27 +1,60 @@
-//! Detection, per watched interface, at every sample (250 ms):
-//! - **bad events** are drops + TCP resets + SYN retransmits. Their rate in 1 s buckets
-//!   outside disruptions forms the interface's own baseline (median and MAD over the last
-//!   `baseline_seconds`). A disruption starts when the bad events of the trailing second
-//!   exceed `median + max(3·MAD, 3·√median)` by at least `floor`; it is backdated to the
-//!   sample interval of the first bad event in that second.
-//! - **silence**: a direction whose packets came at most 1.6 s apart for the 10 s before
-//!   its last packet, and then none for `silence`, starts a disruption, backdated to that
-//!   last packet.
-//! - A disruption goes on while samples stay above the baseline with the trailing second
-//!   at least `floor / 2` over it (or the direction stays silent), and ends `quiet` after
-//!   the last such sample, at that sample: a flapping burst is one disruption (the engine
-//!   ends it; see [`super::engine`]).
+//! Detection, per watched interface, at every sample (250 ms), from evidence that packets
+//! are being lost, never from silence alone:
+//! - **loss evidence** ([`LostPackets`]): drops whose reason means the network lost the packet
+//!   (`NETFILTER_DROP`, `NEIGH_FAILED`, `QDISC_DROP`, an OVS drop, ...), SYN retransmits,
+//!   handshakes left unanswered ([`Handshakes`]), and packets of conversations sending while
+//!   nothing comes back (counted by the kernel, see `monitor_common::Conversation`). It needs
+//!   no warm-up: an interface's baseline of it starts at zero.
+//! - **benign-class drops** ([`is_benign_reason`]: `OTHERHOST`, `NO_SOCKET`, `NOT_SPECIFIED`,
+//!   TCP state drops, ...) happen all the time on healthy nodes; they are evidence only above
+//!   a warm baseline (5 calm seconds).
+//!
+//! Each class has its own baseline: per-second counts in calm seconds, median and MAD over
+//! the last `baseline_seconds`. A disruption starts when a class's trailing second exceeds
+//! `median + max(3·MAD, 3·√median)` by at least `floor`; its onset is the earliest evidence in
+//! that second (a drop's sample interval, the start of an unanswered stretch, the interval of
+//! an unanswered SYN). It goes on while samples stay above the baseline with the trailing
+//! second at least `floor / 2` over it, and ends `quiet` after the last such sample, at that
+//! sample (the engine ends it; see [`super::engine`]). Both directions going quiet is idle:
+//! [`Activity`] only tells the engine which interfaces fell silent during an incident.
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::EngineConfig;
+use super::{EngineConfig, record::LostPackets};
 use crate::sampling::sampler::InterfaceSeries;
 
 pub(super) const SECOND_NS: u64 = 1_000_000_000;
-/// Seconds of baseline needed before rates are judged (warm-up of a new interface).
+/// Calm seconds a benign-class baseline needs before benign drops are judged.
 const BASELINE_MIN: usize = 5;
 /// The directions of an interface's counters, in their index order.
 pub(super) const DIRECTIONS: [&str; 2] = ["ingress", "egress"];
+
+/// Drop reasons that healthy nodes see all the time: packets for other hosts on a bridge
+/// port, to closed ports (answered by a reset or an ICMP error), unknown protocols, socket
+/// filters, TCP's own state checks, and drops without a reason. Evidence only above the
+/// interface's warm baseline.
+pub fn is_benign_reason(reason: &str) -> bool {
+    matches!(
+        reason,
+        "NOT_SPECIFIED"
+            | "unknown"
+            | "OTHERHOST"
+            | "NO_SOCKET"
+            | "SOCKET_FILTER"
+            | "SOCKET_CLOSE"
+            | "SOCKET_RCVBUFF"
+            | "UNHANDLED_PROTO"
+            | "IP_NOPROTO"
+            | "IPV6DISABLED"
+            | "PKT_TOO_SMALL"
+            | "PKT_TOO_BIG"
+            | "DUP_FRAG"
+            | "IP_CSUM"
+            | "IP_INHDR"
+            | "UNICAST_IN_L2_MULTICAST"
+    ) || reason.starts_with("TCP_")
+        || reason.starts_with("reason_")
+}
 
 /// Cumulative counters of one interface at one sample.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -30,26 +63,32 @@ pub(super) struct Counters {
     pub(super) resets: u64,
     pub(super) syn: u64,
     packets: [u64; 2],
+    syns: [u64; 2],
+    answered: [u64; 2],
+    unanswered: [u64; 2],
+    unanswered_since_ns: u64,
 }
 
 impl Counters {
     fn from_series(series: &InterfaceSeries) -> Self {
         let c = &series.counters;
+        let both = |pick: fn(&monitor_common::DirectionCounters) -> u64| [pick(&c.ingress), pick(&c.egress)];
         Self {
             drops: series.drops.clone(),
             resets: c.ingress.tcp_resets + c.egress.tcp_resets,
             syn: c.ingress.syn_retransmits + c.egress.syn_retransmits,
-            packets: [c.ingress.packets, c.egress.packets],
+            packets: both(|d| d.packets),
+            syns: both(|d| d.syns),
+            answered: both(|d| d.syns_answered),
+            unanswered: both(|d| d.unanswered),
+            unanswered_since_ns: c.ingress.unanswered_since_ns.max(c.egress.unanswered_since_ns),
         }
-    }
-
-    fn bad(&self) -> u64 {
-        self.drops.values().sum::<u64>() + self.resets + self.syn
     }
 
     /// `self - earlier`, per counter; a counter that went down (re-created map entry) counts from 0.
     pub(super) fn since(&self, earlier: &Counters) -> Counters {
         let diff = |now: u64, then: u64| if now >= then { now - then } else { now };
+        let pair = |now: [u64; 2], then: [u64; 2]| [diff(now[0], then[0]), diff(now[1], then[1])];
         Counters {
             drops: self
                 .drops
@@ -59,7 +98,11 @@ impl Counters {
                 .collect(),
             resets: diff(self.resets, earlier.resets),
             syn: diff(self.syn, earlier.syn),
-            packets: [diff(self.packets[0], earlier.packets[0]), diff(self.packets[1], earlier.packets[1])],
+            packets: pair(self.packets, earlier.packets),
+            syns: pair(self.syns, earlier.syns),
+            answered: pair(self.answered, earlier.answered),
+            unanswered: pair(self.unanswered, earlier.unanswered),
+            unanswered_since_ns: self.unanswered_since_ns,
         }
     }
 
@@ -72,55 +115,152 @@ impl Counters {
     }
 }
 
-/// Whether one direction of an interface carries steady traffic, and since when it is silent.
-///
-/// Steady: packets seen for at least `STEADY_NS`, never more than `STEADY_GAP_NS` apart
-/// (at sample resolution), up to the last packet. Gaps, not per-second buckets: a 1/s
-/// prober would fall in and out of buckets that drift against its ticks.
+/// Unanswered handshakes. Outstanding handshakes at a sample are the SYNs started minus the
+/// handshakes answered, per direction; the least of that over the last three samples counts
+/// handshakes pending for at least two sample intervals (500 ms), as a SYN answered in time
+/// is pending in one sample at most. Each rise of that floor is an unanswered SYN; a fall
+/// (a late answer) lowers the mark. Handshakes pending when the agent started set the mark,
+/// so they are never counted.
 #[derive(Debug, Default)]
-struct Activity {
-    /// The last sample that saw packets.
-    last_packet_ns: Option<u64>,
-    /// Since when packets have come without a gap over `STEADY_GAP_NS`.
-    steady_since: Option<u64>,
-    /// Steady traffic up to the last packet.
-    steady_at_last_packet: bool,
+pub(super) struct Handshakes {
+    /// (time, outstanding handshakes per direction) of the last samples, newest last.
+    recent: VecDeque<(u64, [u64; 2])>,
+    mark: Option<[u64; 2]>,
 }
 
-/// How long traffic must have been regular to count as steady.
-const STEADY_NS: u64 = 10 * SECOND_NS;
-/// The largest gap between packets that still counts as regular traffic.
-const STEADY_GAP_NS: u64 = 1_600_000_000;
+impl Handshakes {
+    /// Unanswered SYNs found at this sample, and the start of the interval they were sent in.
+    fn observe(&mut self, now_ns: u64, counters: &Counters) -> (u64, Option<u64>) {
+        let outstanding = [0, 1].map(|d| counters.syns[d].saturating_sub(counters.answered[d]));
+        self.recent.push_back((now_ns, outstanding));
+        while self.recent.len() > 4 {
+            self.recent.pop_front();
+        }
+        let n = self.recent.len();
+        if n < 3 {
+            return (0, None);
+        }
+        let floor = [0, 1].map(|d| self.recent.iter().skip(n - 3).map(|(_, o)| o[d]).min().unwrap_or(0));
+        // Sent after the sample before the oldest of the three.
+        let sent_from = self.recent[n.saturating_sub(4)].0;
+        let Some(mark) = self.mark.replace(floor) else {
+            return (0, None);
+        };
+        let unanswered: u64 = (0..2).map(|d| floor[d].saturating_sub(mark[d])).sum();
+        (unanswered, (unanswered > 0).then_some(sent_from))
+    }
+}
+
+/// Whether one direction of an interface was busy, and since when it is silent: only to list
+/// interfaces that fell silent during an incident (never to open one).
+///
+/// Busy: packets for at least `BUSY_NS`, never more than `BUSY_GAP_NS` apart (at sample
+/// resolution), up to the last packet.
+#[derive(Debug, Default)]
+struct Activity {
+    last_packet_ns: Option<u64>,
+    busy_since: Option<u64>,
+    busy_at_last_packet: bool,
+}
+
+const BUSY_NS: u64 = 2 * SECOND_NS;
+const BUSY_GAP_NS: u64 = 1_600_000_000;
+/// How long a busy direction must be silent to be listed as silent.
+const SILENT_NS: u64 = 1_500_000_000;
 
 impl Activity {
     fn observe(&mut self, now_ns: u64, packets: u64) {
         if packets == 0 {
             return;
         }
-        let regular = self.last_packet_ns.is_some_and(|last| now_ns.saturating_sub(last) <= STEADY_GAP_NS);
+        let regular = self.last_packet_ns.is_some_and(|last| now_ns.saturating_sub(last) <= BUSY_GAP_NS);
         if !regular {
-            self.steady_since = Some(now_ns);
+            self.busy_since = Some(now_ns);
         }
         self.last_packet_ns = Some(now_ns);
-        self.steady_at_last_packet = self.steady_since.is_some_and(|since| now_ns.saturating_sub(since) >= STEADY_NS);
+        self.busy_at_last_packet = self.busy_since.is_some_and(|since| now_ns.saturating_sub(since) >= BUSY_NS);
     }
 
-    /// Silent for at least `silence` after steady traffic: the time of the last packet.
-    fn silent_since(&self, now_ns: u64, silence_ns: u64) -> Option<u64> {
+    /// Silent for [`SILENT_NS`] after busy traffic: the time of the last packet.
+    fn silent_since(&self, now_ns: u64) -> Option<u64> {
         let last = self.last_packet_ns?;
-        (self.steady_at_last_packet && now_ns.saturating_sub(last) >= silence_ns).then_some(last)
+        (self.busy_at_last_packet && now_ns.saturating_sub(last) >= SILENT_NS).then_some(last)
+    }
+}
+
+/// Per-second counts of one class of evidence, and its baseline over calm seconds.
+#[derive(Debug)]
+struct Baseline {
+    /// Calm seconds, oldest first.
+    calm: VecDeque<u64>,
+    /// Every second, calm or not (taken as the baseline when an incident hits the cap).
+    all: VecDeque<u64>,
+    bucket_start_ns: u64,
+    bucket: u64,
+    bucket_calm: bool,
+}
+
+impl Baseline {
+    fn new(now_ns: u64) -> Self {
+        Self { calm: VecDeque::new(), all: VecDeque::new(), bucket_start_ns: now_ns, bucket: 0, bucket_calm: true }
+    }
+
+    fn warm(&self) -> bool {
+        self.calm.len() >= BASELINE_MIN
+    }
+
+    /// The most a calm second holds: `median + max(3·MAD, 3·√median)` (counts are noisy like
+    /// Poisson counts: the spread is at least √median). 0 without history.
+    fn expected_per_s(&self) -> f64 {
+        if self.calm.is_empty() {
+            return 0.0;
+        }
+        let median = median_f(self.calm.iter().map(|v| *v as f64).collect());
+        let mad = median_f(self.calm.iter().map(|v| (*v as f64 - median).abs()).collect());
+        median + (3.0 * mad).max(3.0 * median.sqrt())
+    }
+
+    fn record(&mut self, now_ns: u64, count: u64, calm: bool, keep: usize) {
+        self.bucket += count;
+        self.bucket_calm &= calm;
+        if now_ns.saturating_sub(self.bucket_start_ns) < SECOND_NS {
+            return;
+        }
+        let seconds = (now_ns - self.bucket_start_ns) as f64 / 1e9;
+        let rate = (self.bucket as f64 / seconds).round() as u64;
+        let keep = keep.max(BASELINE_MIN);
+        for (list, take) in [(&mut self.calm, self.bucket_calm), (&mut self.all, true)] {
+            if take {
+                list.push_back(rate);
+                while list.len() > keep {
+                    list.pop_front();
+                }
+            }
+        }
+        self.bucket = 0;
+        self.bucket_calm = true;
+        self.bucket_start_ns = now_ns;
+    }
+
+    /// Takes every recent second as calm: the rate of a loss that went on past the cap is this
+    /// interface's new normal.
+    fn adopt_recent(&mut self) {
+        self.calm = self.all.clone();
     }
 }
 
 /// One sample interval of an interface, in its trailing second.
 #[derive(Debug)]
 struct SampleInterval {
-    /// The previous sample's time: the interval (prev_ns, at_ns] holds `bad` events.
-    prev_ns: u64,
     at_ns: u64,
-    bad: u64,
-    /// Counters at `prev_ns`.
+    /// Loss evidence, benign-class drops.
+    loss: u64,
+    benign: u64,
+    /// The earliest evidence in this interval.
+    onset_ns: Option<u64>,
+    /// Counters at the previous sample.
     before: Counters,
+    lost: LostPackets,
 }
 
 /// A disruption of one interface, going on.
@@ -130,7 +270,8 @@ pub(super) struct Disruption {
     pub(super) start: Counters,
     /// Counters at `last_bad_ns`.
     pub(super) end: Counters,
-    pub(super) silent: [bool; 2],
+    /// Packets lost since it began.
+    pub(super) lost: LostPackets,
 }
 
 /// What detection knows of one watched interface.
@@ -139,50 +280,94 @@ pub(super) struct InterfaceState {
     pub(super) name: String,
     pub(super) pod_namespace: String,
     pub(super) pod: String,
+    pub(super) is_pod_veth: bool,
     last: Counters,
     last_ns: u64,
     window: VecDeque<SampleInterval>,
-    baseline: VecDeque<u64>,
-    bucket_start_ns: u64,
-    bucket_bad: u64,
+    loss_baseline: Baseline,
+    benign_baseline: Baseline,
+    handshakes: Handshakes,
     activity: [Activity; 2],
     pub(super) disruption: Option<Disruption>,
 }
 
 impl InterfaceState {
     pub(super) fn new(series: &InterfaceSeries, now_ns: u64) -> Self {
+        let last = Counters::from_series(series);
+        let mut handshakes = Handshakes::default();
+        handshakes.observe(now_ns, &last);
         Self {
             name: series.interface.clone(),
             pod_namespace: series.pod_namespace.clone(),
             pod: series.pod.clone(),
-            last: Counters::from_series(series),
+            is_pod_veth: series.is_pod_veth,
+            last,
             last_ns: now_ns,
             window: VecDeque::new(),
-            baseline: VecDeque::new(),
-            bucket_start_ns: now_ns,
-            bucket_bad: 0,
+            loss_baseline: Baseline::new(now_ns),
+            benign_baseline: Baseline::new(now_ns),
+            handshakes,
             activity: Default::default(),
             disruption: None,
         }
     }
 
-    /// Takes one sample of this interface's cumulative counters at `now_ns`: updates the
-    /// trailing second, the activity of each direction and the baseline, and goes on with,
-    /// or starts, its disruption. Returns the start of a disruption that starts now.
+    /// Takes one sample of this interface's cumulative counters at `now_ns`: finds this
+    /// interval's evidence, updates the trailing second, the baselines and the activity of each
+    /// direction, and goes on with, or starts, its disruption. Returns the onset of a
+    /// disruption that starts now.
     pub(super) fn observe(&mut self, series: &InterfaceSeries, now_ns: u64, config: &EngineConfig) -> Option<u64> {
         if now_ns <= self.last_ns {
             return None;
         }
-        let silence_ns = config.silence.as_nanos() as u64;
-        let mut started = None;
         self.pod_namespace.clone_from(&series.pod_namespace);
         self.pod.clone_from(&series.pod);
         let current = Counters::from_series(series);
         let delta = current.since(&self.last);
-        let dt_s = (now_ns - self.last_ns) as f64 / 1e9;
-        let bad = delta.bad();
+        let prev_ns = self.last_ns;
+        let dt_s = (now_ns - prev_ns) as f64 / 1e9;
+
+        // This interval's evidence.
+        let (unanswered_syns, syn_onset) = self.handshakes.observe(now_ns, &current);
+        let unanswered_flows = delta.unanswered[0] + delta.unanswered[1];
+        let mut lost = LostPackets {
+            retransmitted: delta.syn,
+            unanswered: unanswered_flows + unanswered_syns,
+            ..LostPackets::default()
+        };
+        let mut benign_drops = BTreeMap::new();
+        for (reason, n) in &delta.drops {
+            if is_benign_reason(reason) {
+                benign_drops.insert(reason.clone(), *n);
+            } else {
+                lost.dropped.insert(reason.clone(), *n);
+            }
+        }
+        let benign: u64 = benign_drops.values().sum();
+        let loss = lost.total();
+        let benign_expected = self.benign_baseline.expected_per_s();
+        let benign_above = self.benign_baseline.warm() && benign > 0 && benign as f64 > benign_expected * dt_s;
+        if benign_above {
+            for (reason, n) in benign_drops {
+                *lost.dropped.entry(reason).or_default() += n;
+            }
+        }
+        let mut onsets = Vec::new();
+        if !lost.dropped.is_empty() || lost.retransmitted > 0 {
+            onsets.push(prev_ns);
+        }
+        if unanswered_flows > 0 {
+            // The kernel's start of the latest counted stretch; a stale one (the field keeps the
+            // latest ever counted) falls back to the stretch length before this interval.
+            let since = current.unanswered_since_ns;
+            let fallback = prev_ns.saturating_sub(monitor_common::UNANSWERED_AFTER_NS);
+            onsets.push(if since >= fallback.saturating_sub(SECOND_NS) && since <= now_ns { since } else { fallback });
+        }
+        onsets.extend(syn_onset);
+        let onset_ns = onsets.into_iter().min();
+
         let before = std::mem::replace(&mut self.last, current.clone());
-        self.window.push_back(SampleInterval { prev_ns: self.last_ns, at_ns: now_ns, bad, before });
+        self.window.push_back(SampleInterval { at_ns: now_ns, loss, benign, onset_ns, before, lost: lost.clone() });
         self.last_ns = now_ns;
         while self.window.front().is_some_and(|t| t.at_ns + SECOND_NS <= now_ns) {
             self.window.pop_front();
@@ -191,79 +376,74 @@ impl InterfaceState {
             activity.observe(now_ns, delta.packets[direction]);
         }
 
-        // Counts are noisy like Poisson counts: the spread is at least √median.
-        let (median, mad) = self.baseline();
-        let expected_per_s = median + (3.0 * mad).max(3.0 * median.sqrt());
-        let window_bad: u64 = self.window.iter().map(|t| t.bad).sum();
-        let window_excess = window_bad as f64 - expected_per_s;
-        let sample_above = bad > 0 && bad as f64 > expected_per_s * dt_s;
-        let silent: [Option<u64>; 2] =
-            [self.activity[0].silent_since(now_ns, silence_ns), self.activity[1].silent_since(now_ns, silence_ns)];
+        let loss_expected = self.loss_baseline.expected_per_s();
+        let window_loss: u64 = self.window.iter().map(|t| t.loss).sum();
+        let window_benign: u64 = self.window.iter().map(|t| t.benign).sum();
+        let loss_excess = window_loss as f64 - loss_expected;
+        let benign_excess = if self.benign_baseline.warm() { window_benign as f64 - benign_expected } else { 0.0 };
+        let floor = config.floor.max(1) as f64;
+        let sample_loss_above = loss > 0 && loss as f64 > loss_expected * dt_s;
 
+        let mut started = None;
         match &mut self.disruption {
             None => {
-                // Rates are judged once the baseline is warm: steady benign drops at start-up are no incident.
-                let warm = self.baseline.len() >= BASELINE_MIN;
-                let first_bad = self.window.iter().find(|t| t.bad > 0);
-                let by_rate = if warm && window_excess >= config.floor.max(1) as f64 { first_bad } else { None };
-                let silent_since = silent.iter().flatten().min().copied();
-                if by_rate.is_some() || silent_since.is_some() {
-                    let (start_ns, start_counters) = match by_rate {
-                        Some(first) => (first.prev_ns, first.before.clone()),
-                        None => (silent_since.unwrap_or(now_ns), current.clone()),
-                    };
+                let by_loss = loss_excess >= floor;
+                let by_benign = benign_excess >= floor;
+                if by_loss || by_benign {
+                    // Onset: the earliest evidence of the class that crossed, in the trailing second.
+                    let first = self
+                        .window
+                        .iter()
+                        .find(|t| (by_loss && t.loss > 0) || (by_benign && t.benign > 0))
+                        .unwrap_or_else(|| self.window.back().expect("this sample is in the window"));
+                    let start_ns = self
+                        .window
+                        .iter()
+                        .filter_map(|t| t.onset_ns)
+                        .min()
+                        .map_or(first.at_ns, |onset| onset.min(first.at_ns));
+                    let mut total = LostPackets::default();
+                    for t in &self.window {
+                        total.add(&t.lost);
+                    }
                     self.disruption = Some(Disruption {
                         last_bad_ns: now_ns,
-                        start: start_counters,
+                        start: first.before.clone(),
                         end: current.clone(),
-                        silent: [silent[0].is_some(), silent[1].is_some()],
+                        lost: total,
                     });
                     started = Some(start_ns);
                 }
             }
             Some(disruption) => {
+                disruption.lost.add(&lost);
                 // Goes on while this sample is above the baseline and the trailing second
                 // still clearly is: benign traffic around its baseline lets it end.
-                if sample_above && window_excess >= (config.floor as f64 / 2.0).max(1.0) {
+                let half = (floor / 2.0).max(1.0);
+                if (sample_loss_above && loss_excess >= half) || (benign_above && benign_excess >= half) {
                     disruption.last_bad_ns = now_ns;
                     disruption.end = current.clone();
                 }
-                for (was_silent, silent_now) in disruption.silent.iter_mut().zip(&silent) {
-                    if silent_now.is_some() {
-                        *was_silent = true;
-                        disruption.last_bad_ns = now_ns;
-                    }
-                }
             }
         }
 
-        // Baseline: only calm seconds count.
-        if self.disruption.is_some() {
-            self.bucket_bad = 0;
-            self.bucket_start_ns = now_ns;
-        } else {
-            self.bucket_bad += bad;
-            if now_ns - self.bucket_start_ns >= SECOND_NS {
-                let seconds = (now_ns - self.bucket_start_ns) as f64 / 1e9;
-                self.baseline.push_back((self.bucket_bad as f64 / seconds).round() as u64);
-                if self.baseline.len() > config.baseline_seconds.max(BASELINE_MIN) {
-                    self.baseline.pop_front();
-                }
-                self.bucket_bad = 0;
-                self.bucket_start_ns = now_ns;
-            }
-        }
+        // Baselines: only calm seconds count as calm.
+        let calm = self.disruption.is_none();
+        let keep = config.baseline_seconds;
+        self.loss_baseline.record(now_ns, loss, calm, keep);
+        self.benign_baseline.record(now_ns, benign, calm, keep);
         started
     }
 
-    /// Median and MAD of the baseline buckets (bad events per second).
-    fn baseline(&self) -> (f64, f64) {
-        if self.baseline.is_empty() {
-            return (0.0, 0.0);
-        }
-        let median = median_f(self.baseline.iter().map(|v| *v as f64).collect());
-        let mad = median_f(self.baseline.iter().map(|v| (*v as f64 - median).abs()).collect());
-        (median, mad)
+    /// Directions silent since no earlier than `since_ns` after busy traffic.
+    pub(super) fn silent_since(&self, now_ns: u64, since_ns: u64) -> [bool; 2] {
+        [0, 1].map(|d| self.activity[d].silent_since(now_ns).is_some_and(|last| last >= since_ns))
+    }
+
+    /// An incident that hit the cap: its loss rate becomes this interface's baseline.
+    pub(super) fn adopt_baseline(&mut self) {
+        self.loss_baseline.adopt_recent();
+        self.benign_baseline.adopt_recent();
     }
 }
 

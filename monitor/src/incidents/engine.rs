@@ -13,13 +13,16 @@ use tracing::warn;
 
 use super::{
     EngineConfig,
-    attribution::attribute,
-    detection::{Counters, DIRECTIONS, Disruption, InterfaceState},
+    attribution::{Scope, attribute},
+    detection::{Counters, DIRECTIONS, Disruption, InterfaceState, SECOND_NS},
     message::build_incident,
-    record::{Incident, IncidentInterface},
+    record::{Incident, IncidentInterface, LostPackets},
 };
 use crate::{
-    lifecycle::{clock::Stamp, timeline::Timeline},
+    lifecycle::{
+        clock::{Stamp, rfc3339},
+        timeline::Timeline,
+    },
     sampling::sampler::InterfaceSeries,
 };
 
@@ -36,6 +39,8 @@ struct Member {
     pod: String,
     /// Sums over this interface's disruptions that have ended.
     ended: Counters,
+    lost: LostPackets,
+    /// Directions that fell silent during the incident (listed, never evidence).
     silent: BTreeSet<&'static str>,
     last_end_ns: u64,
 }
@@ -44,7 +49,9 @@ struct Member {
 struct OpenIncident {
     seq: u64,
     start: Stamp,
+    detected: Stamp,
     members: BTreeMap<String, Member>,
+    close_reason: Option<String>,
 }
 
 /// What changed in one observation, for logs.
@@ -66,8 +73,10 @@ pub struct IncidentEngine {
     open: Option<OpenIncident>,
     closed: VecDeque<Incident>,
     seq: u64,
-    /// `datapath_incidents_total{cause}` (cause at open).
-    opened_by_cause: BTreeMap<String, u64>,
+    /// `datapath_incidents_total{cause}`, counted when an incident ends (its final top cause).
+    ended_by_cause: BTreeMap<String, u64>,
+    /// `datapath_incident_lost_packets_total{cause}`.
+    lost_by_cause: BTreeMap<String, u64>,
     /// `datapath_incident_duration_seconds{cause}` (cause at close).
     durations: BTreeMap<String, Histogram>,
 }
@@ -88,7 +97,8 @@ impl IncidentEngine {
             open: None,
             closed,
             seq: 0,
-            opened_by_cause: BTreeMap::new(),
+            ended_by_cause: BTreeMap::new(),
+            lost_by_cause: BTreeMap::new(),
             durations: BTreeMap::new(),
         }
     }
@@ -125,6 +135,7 @@ impl IncidentEngine {
                     self.ifaces.insert(s.ifindex, InterfaceState::new(s, now_ns));
                 }
                 Some(iface) => {
+                    iface.is_pod_veth = s.is_pod_veth;
                     if let Some(start_ns) = iface.observe(s, now_ns, &self.config) {
                         started.push((iface.name.clone(), start_ns));
                     }
@@ -158,7 +169,13 @@ impl IncidentEngine {
             let newly = self.open.is_none();
             let open = self.open.get_or_insert_with(|| {
                 self.seq += 1;
-                OpenIncident { seq: self.seq, start: Stamp::from_monotonic(start_ns), members: BTreeMap::new() }
+                OpenIncident {
+                    seq: self.seq,
+                    start: Stamp::from_monotonic(start_ns),
+                    detected: now,
+                    members: BTreeMap::new(),
+                    close_reason: None,
+                }
             });
             if start_ns < open.start.mono_ns {
                 open.start = Stamp::from_monotonic(start_ns);
@@ -167,10 +184,48 @@ impl IncidentEngine {
             member.pod_namespace.clone_from(&iface.pod_namespace);
             member.pod.clone_from(&iface.pod);
             if newly {
-                let incident = self.render_open();
-                *self.opened_by_cause.entry(incident.cause_label().to_string()).or_default() += 1;
-                updates.push(IncidentUpdate::Opened(incident));
+                updates.push(IncidentUpdate::Opened(self.render_open()));
             }
+        }
+
+        // Interfaces whose busy traffic stopped since just before the incident began are
+        // part of it: listed as silent, never evidence of their own.
+        if let Some(open) = &mut self.open {
+            let since_ns = open.start.mono_ns.saturating_sub(SECOND_NS);
+            for iface in self.ifaces.values() {
+                let silent = iface.silent_since(now_ns, since_ns);
+                if silent.iter().any(|s| *s) {
+                    let member = open.members.entry(iface.name.clone()).or_default();
+                    member.pod_namespace.clone_from(&iface.pod_namespace);
+                    member.pod.clone_from(&iface.pod);
+                    for (direction, is_silent) in silent.iter().enumerate() {
+                        if *is_silent {
+                            member.silent.insert(DIRECTIONS[direction]);
+                        }
+                    }
+                }
+            }
+        }
+
+        // The cap: an incident still going after `max_duration` ends, and the loss rate of its
+        // interfaces becomes their baseline.
+        let max_ns = self.config.max_duration.as_nanos() as u64;
+        if let Some(open) = &mut self.open
+            && now_ns.saturating_sub(open.start.mono_ns) >= max_ns
+        {
+            let mut capped = Vec::new();
+            for iface in self.ifaces.values_mut() {
+                if let Some(disruption) = iface.disruption.take() {
+                    iface.adopt_baseline();
+                    capped.push(iface.name.clone());
+                    Self::fold_into(open, iface, disruption);
+                }
+            }
+            open.close_reason = Some(format!(
+                "closed at the {} s cap with loss still going on; its rate is now the baseline of {}",
+                self.config.max_duration.as_secs(),
+                capped.join(", ")
+            ));
         }
 
         // Disruptions calm for `quiet` end.
@@ -188,10 +243,7 @@ impl IncidentEngine {
             self.open = None;
             let mut incident = incident;
             incident.active = false;
-            self.durations
-                .entry(incident.cause_label().to_string())
-                .or_insert_with(|| Histogram::new(DURATION_BUCKETS))
-                .observe(incident.duration_seconds);
+            self.count_ended(&incident);
             self.closed.push_back(incident.clone());
             while self.closed.len() > self.config.history {
                 self.closed.pop_front();
@@ -201,19 +253,30 @@ impl IncidentEngine {
         updates
     }
 
+    /// The metrics of an incident that ended, by its final top cause.
+    fn count_ended(&mut self, incident: &Incident) {
+        let cause = incident.cause_label().to_string();
+        *self.ended_by_cause.entry(cause.clone()).or_default() += 1;
+        *self.lost_by_cause.entry(cause.clone()).or_default() += incident.totals.lost_packets;
+        self.durations
+            .entry(cause)
+            .or_insert_with(|| Histogram::new(DURATION_BUCKETS))
+            .observe(incident.duration_seconds);
+    }
+
     /// Adds an ended disruption to its interface's part of the open incident.
     fn fold(open: &mut Option<OpenIncident>, iface: &InterfaceState, disruption: Disruption) {
         let Some(open) = open.as_mut() else {
             warn!(interface = iface.name, "disruption without an open incident: dropped");
             return;
         };
+        Self::fold_into(open, iface, disruption);
+    }
+
+    fn fold_into(open: &mut OpenIncident, iface: &InterfaceState, disruption: Disruption) {
         let member = open.members.entry(iface.name.clone()).or_default();
         member.ended.add(&disruption.end.since(&disruption.start));
-        for (direction, silent) in disruption.silent.iter().enumerate() {
-            if *silent {
-                member.silent.insert(DIRECTIONS[direction]);
-            }
-        }
+        member.lost.add(&disruption.lost);
         member.last_end_ns = member.last_end_ns.max(disruption.last_bad_ns);
     }
 
@@ -223,21 +286,23 @@ impl IncidentEngine {
         let mut interfaces = Vec::new();
         let mut end_ns = open.start.mono_ns;
         let mut active = false;
+        let mut pod_veths = 0;
+        let mut other_interfaces = 0;
         for (name, member) in &open.members {
             let mut counters = member.ended.clone();
-            let mut silent = member.silent.clone();
+            let mut lost = member.lost.clone();
             end_ns = end_ns.max(member.last_end_ns);
-            if let Some(iface) = self.ifaces.values().find(|i| &i.name == name)
-                && let Some(d) = &iface.disruption
-            {
+            let iface = self.ifaces.values().find(|i| &i.name == name);
+            if let Some(d) = iface.and_then(|i| i.disruption.as_ref()) {
                 active = true;
                 counters.add(&d.end.since(&d.start));
+                lost.add(&d.lost);
                 end_ns = end_ns.max(d.last_bad_ns);
-                for (direction, is_silent) in d.silent.iter().enumerate() {
-                    if *is_silent {
-                        silent.insert(DIRECTIONS[direction]);
-                    }
-                }
+            }
+            if iface.is_none_or(|i| i.is_pod_veth) {
+                pod_veths += 1;
+            } else {
+                other_interfaces += 1;
             }
             interfaces.push(IncidentInterface {
                 interface: name.clone(),
@@ -247,14 +312,22 @@ impl IncidentEngine {
                 drop_reasons: counters.drops,
                 tcp_resets: counters.resets,
                 syn_retransmits: counters.syn,
-                silent_directions: silent.into_iter().map(String::from).collect(),
+                silent_directions: member.silent.iter().map(|d| d.to_string()).collect(),
+                lost_packets: lost.total(),
+                lost,
             });
         }
         let names: BTreeSet<String> = open.members.keys().cloned().collect();
         let lookback_ns = self.config.lookback.as_nanos() as u64;
         let candidates = self.timeline.between(open.start.mono_ns.saturating_sub(lookback_ns), end_ns);
-        let causes = attribute(&candidates, open.start, &names, &self.pod_veths);
-        build_incident(open.seq, open.start, end_ns, active, interfaces, causes, self.config.lookback)
+        // Node-wide: a bridge or tunnel port, or more than one pod, lost packets.
+        let scope = if other_interfaces > 0 || pod_veths > 1 { Scope::NodeWide } else { Scope::OnePod };
+        let causes = attribute(&candidates, open.start, &names, &self.pod_veths, scope);
+        let mut incident =
+            build_incident(open.seq, open.start, end_ns, active, interfaces, causes, self.config.lookback);
+        incident.detected_at = rfc3339(open.detected.wall);
+        incident.close_reason.clone_from(&open.close_reason);
+        incident
     }
 
     /// All incidents, newest first; an open one first, with `active: true`.
@@ -271,8 +344,20 @@ impl IncidentEngine {
         self.open.is_some()
     }
 
-    pub fn opened_by_cause(&self) -> &BTreeMap<String, u64> {
-        &self.opened_by_cause
+    /// Pod veth names remembered for attribution (tests of their forgetting).
+    #[cfg(test)]
+    pub(super) fn remembered_pod_veths(&self) -> usize {
+        self.pod_veths.len()
+    }
+
+    /// Incidents ended, by final top cause.
+    pub fn ended_by_cause(&self) -> &BTreeMap<String, u64> {
+        &self.ended_by_cause
+    }
+
+    /// Packets lost in ended incidents, by final top cause.
+    pub fn lost_by_cause(&self) -> &BTreeMap<String, u64> {
+        &self.lost_by_cause
     }
 
     pub fn durations(&self) -> &BTreeMap<String, Histogram> {
@@ -293,359 +378,10 @@ impl IncidentEngine {
         let mut incident = self.render_open();
         self.open = None;
         incident.active = false;
+        incident.close_reason = Some("the agent stopped during it".to_string());
         incident.message.push_str(" (the agent stopped during it)");
+        self.count_ended(&incident);
         self.closed.push_back(incident.clone());
         Some(incident)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use monitor_common::{DirectionCounters, InterfaceCounters};
-    use proptest::prelude::*;
-
-    use super::{super::detection::SECOND_NS, *};
-    use crate::lifecycle::timeline::{Event, EventKind};
-
-    const TICK_NS: u64 = 250_000_000;
-    /// Synthetic monotonic time starts here (so offsets before it stay positive).
-    const T0_NS: u64 = 1_000 * SECOND_NS;
-
-    fn at(seconds: f64) -> u64 {
-        T0_NS + (seconds * 1e9) as u64
-    }
-
-    fn stamp(seconds: f64) -> Stamp {
-        Stamp::from_monotonic(at(seconds))
-    }
-
-    /// What one interface does per second in a time range.
-    #[derive(Clone)]
-    struct Rates {
-        interface: &'static str,
-        from: f64,
-        to: f64,
-        drops: u64,
-        packets_in: u64,
-        packets_out: u64,
-    }
-
-    struct Sim {
-        engine: IncidentEngine,
-        timeline: Arc<Timeline>,
-        totals: BTreeMap<&'static str, (f64, f64, f64)>,
-        updates: Vec<IncidentUpdate>,
-    }
-
-    impl Sim {
-        fn new() -> Self {
-            let timeline = Arc::new(Timeline::new(1000));
-            Self {
-                engine: IncidentEngine::new(EngineConfig::default(), Arc::clone(&timeline), Vec::new()),
-                timeline,
-                totals: BTreeMap::new(),
-                updates: Vec::new(),
-            }
-        }
-
-        fn event(&self, seconds: f64, kind: EventKind, subject: &str, detail: &str) {
-            self.timeline.record(Event::new(
-                Stamp { mono_ns: at(seconds), wall: stamp(seconds).wall },
-                kind,
-                subject,
-                detail,
-            ));
-        }
-
-        /// Runs ticks of 250 ms from `from` to `to` seconds; `rates` active in their ranges.
-        fn run(&mut self, interfaces: &[&'static str], rates: &[Rates], from: f64, to: f64) {
-            let mut t = from;
-            while t <= to + 1e-9 {
-                let series: Vec<InterfaceSeries> = interfaces
-                    .iter()
-                    .enumerate()
-                    .map(|(i, name)| {
-                        let total = self.totals.entry(name).or_default();
-                        for r in rates.iter().filter(|r| r.interface == *name && t > r.from && t <= r.to + 1e-9) {
-                            total.0 += r.drops as f64 / 4.0;
-                            total.1 += r.packets_in as f64 / 4.0;
-                            total.2 += r.packets_out as f64 / 4.0;
-                        }
-                        let mut drops = BTreeMap::new();
-                        if total.0 >= 1.0 {
-                            drops.insert("NO_SOCKET".to_string(), total.0 as u64);
-                        }
-                        InterfaceSeries {
-                            interface: name.to_string(),
-                            ifindex: i as u32 + 10,
-                            pod_namespace: "ns".into(),
-                            pod: format!("pod-{name}"),
-                            counters: InterfaceCounters {
-                                ingress: DirectionCounters { packets: total.1 as u64, ..Default::default() },
-                                egress: DirectionCounters { packets: total.2 as u64, ..Default::default() },
-                            },
-                            drops,
-                            removed: false,
-                            is_pod_veth: true,
-                        }
-                    })
-                    .collect();
-                let now = Stamp { mono_ns: at(t), wall: stamp(t).wall };
-                self.updates.extend(self.engine.observe(now, &series));
-                t += TICK_NS as f64 / 1e9;
-            }
-        }
-    }
-
-    fn steady(interface: &'static str, to: f64) -> Rates {
-        Rates { interface, from: 0.0, to, drops: 0, packets_in: 20, packets_out: 20 }
-    }
-
-    fn burst(interface: &'static str, from: f64, to: f64, drops: u64) -> Rates {
-        Rates { interface, from, to, drops, packets_in: 0, packets_out: 0 }
-    }
-
-    #[test]
-    fn the_seed_sequence_is_one_incident_with_both_causes_restart_first() {
-        let mut sim = Sim::new();
-        let veths = ["veth0001", "veth0002", "veth0003"];
-        sim.event(17.1, EventKind::CniConfigRemoved, "/etc/cni/net.d/80-openshift-network.conf", "deleted");
-        sim.event(17.1, EventKind::CniDefaultNetworkMissing, "/etc/cni/net.d/80-openshift-network.conf", "removed");
-        sim.event(18.0, EventKind::ProcessExit, "ovs-vswitchd", "pid 10 killed by SIGTERM");
-        sim.event(18.9, EventKind::ProcessStart, "ovs-vswitchd", "pid 11");
-        sim.event(18.9, EventKind::ProcessRestart, "ovs-vswitchd", "started again 0.90 s after pid 10 was killed");
-        let mut rates: Vec<Rates> = veths.iter().map(|v| steady(v, 60.0)).collect();
-        rates.extend(veths.iter().map(|v| burst(v, 20.0, 29.0, 40)));
-        sim.run(&veths, &rates, 0.0, 40.0);
-        let incidents = sim.engine.incidents();
-        assert_eq!(incidents.len(), 1, "{incidents:#?}");
-        let incident = &incidents[0];
-        assert!(!incident.active);
-        assert_eq!(incident.totals.interfaces, 3);
-        assert_eq!(incident.totals.drops, 3 * 9 * 40);
-        assert!((incident.duration_seconds - 9.0).abs() <= 0.5, "{}", incident.duration_seconds);
-        let kinds: Vec<&str> = incident.causes.iter().map(|c| c.kind.as_str()).collect();
-        assert_eq!(kinds, ["process_restart", "cni_default_network_missing"], "{:#?}", incident.causes);
-        // The restart is timed at the exit it follows.
-        assert!((incident.causes[0].offset_seconds + 2.0).abs() < 0.3, "{:?}", incident.causes[0]);
-        assert!((incident.causes[1].offset_seconds + 2.9).abs() < 0.3, "{:?}", incident.causes[1]);
-        assert!(incident.message.contains("began 2.") && incident.message.contains("after ovs-vswitchd went down"));
-        assert!(incident.message.contains("the CNI default network config was removed"), "{}", incident.message);
-        assert_eq!(incident.interfaces[0].drop_reasons["NO_SOCKET"], 360);
-        let opened = sim.updates.iter().filter(|u| matches!(u, IncidentUpdate::Opened(_))).count();
-        assert_eq!(opened, 1);
-        assert_eq!(sim.engine.opened_by_cause().get("process_restart"), Some(&1));
-    }
-
-    #[test]
-    fn a_restart_without_traffic_impact_is_no_incident() {
-        let mut sim = Sim::new();
-        sim.event(10.0, EventKind::ProcessExit, "ovs-vswitchd", "pid 10 killed by SIGTERM");
-        sim.event(11.0, EventKind::ProcessRestart, "ovs-vswitchd", "started again");
-        sim.run(&["veth0001"], &[steady("veth0001", 40.0)], 0.0, 30.0);
-        assert!(sim.engine.incidents().is_empty());
-    }
-
-    #[test]
-    fn drops_without_a_lifecycle_event_are_one_unattributed_incident() {
-        let mut sim = Sim::new();
-        sim.run(&["veth0001"], &[steady("veth0001", 40.0), burst("veth0001", 10.0, 14.0, 100)], 0.0, 25.0);
-        let incidents = sim.engine.incidents();
-        assert_eq!(incidents.len(), 1);
-        assert!(incidents[0].causes.is_empty());
-        assert_eq!(incidents[0].cause_label(), "unattributed");
-        assert!(incidents[0].message.contains("unattributed"), "{}", incidents[0].message);
-        assert!((incidents[0].duration_seconds - 4.0).abs() <= 0.5, "{}", incidents[0].duration_seconds);
-    }
-
-    #[test]
-    fn candidate_causes_rank_by_closeness() {
-        let mut sim = Sim::new();
-        sim.event(5.0, EventKind::ProcessRestart, "ovsdb-server", "started again");
-        sim.event(9.0, EventKind::ProcessRestart, "ovs-vswitchd", "started again");
-        sim.run(&["veth0001"], &[steady("veth0001", 40.0), burst("veth0001", 10.0, 12.0, 100)], 0.0, 20.0);
-        let causes = &sim.engine.incidents()[0].causes;
-        let subjects: Vec<&str> = causes.iter().map(|c| c.subject.as_str()).collect();
-        assert_eq!(subjects, ["ovs-vswitchd", "ovsdb-server"]);
-        assert!(causes[0].confidence > causes[1].confidence);
-    }
-
-    #[test]
-    fn events_outside_the_lookback_or_of_other_pods_are_not_causes() {
-        let mut sim = Sim::new();
-        sim.event(1.0, EventKind::ProcessRestart, "ovs-vswitchd", "long before");
-        sim.event(39.0, EventKind::InterfaceDown, "veth0002", "another pod's veth");
-        sim.run(&["veth0001", "veth0002"], &[steady("veth0001", 80.0), burst("veth0001", 40.0, 42.0, 100)], 0.0, 50.0);
-        let incidents = sim.engine.incidents();
-        assert_eq!(incidents.len(), 1);
-        assert!(incidents[0].causes.is_empty(), "{:#?}", incidents[0].causes);
-    }
-
-    #[test]
-    fn states_found_at_start_up_are_not_causes() {
-        let mut sim = Sim::new();
-        let missing = Event::new(stamp(9.0), EventKind::CniDefaultNetworkMissing, "/etc/cni/net.d", "at start-up");
-        sim.timeline.record(Event { stamp: Stamp { mono_ns: at(9.0), ..missing.stamp }, ..missing }.found_at_startup());
-        sim.run(&["veth0001"], &[steady("veth0001", 40.0), burst("veth0001", 10.0, 12.0, 100)], 0.0, 20.0);
-        assert!(sim.engine.incidents()[0].causes.is_empty());
-    }
-
-    #[test]
-    fn pod_veth_churn_is_forgotten_after_the_lookback() {
-        let mut sim = Sim::new();
-        let names: Vec<&'static str> = (0..40).map(|i| &*Box::leak(format!("veth{i:04}").into_boxed_str())).collect();
-        for (i, name) in names.iter().enumerate() {
-            let from = i as f64 * 2.0;
-            sim.run(&[name], &[steady(name, 1_000.0)], from, from + 1.75);
-        }
-        // 80 s of churn, a 30 s lookback: only the pods of the last ~30 s are remembered.
-        let remembered = sim.engine.pod_veths.len();
-        assert!((14..=17).contains(&remembered), "{remembered}");
-        assert!(sim.engine.incidents().is_empty());
-    }
-
-    #[test]
-    fn a_flapping_burst_is_one_incident() {
-        let mut sim = Sim::new();
-        let mut rates = vec![steady("veth0001", 60.0)];
-        for i in 0..4 {
-            let from = 10.0 + 2.0 * i as f64;
-            rates.push(burst("veth0001", from, from + 1.0, 50));
-        }
-        sim.run(&["veth0001"], &rates, 0.0, 30.0);
-        let incidents = sim.engine.incidents();
-        assert_eq!(incidents.len(), 1, "{incidents:#?}");
-        assert_eq!(incidents[0].totals.drops, 4 * 50);
-        assert!((incidents[0].duration_seconds - 7.0).abs() <= 0.5, "{}", incidents[0].duration_seconds);
-    }
-
-    #[test]
-    fn steady_benign_drops_are_absorbed_by_the_baseline() {
-        let mut sim = Sim::new();
-        let benign = Rates { interface: "br0", from: 0.0, to: 60.0, drops: 30, packets_in: 20, packets_out: 20 };
-        sim.run(&["br0"], &[benign], 0.0, 60.0);
-        assert!(sim.engine.incidents().is_empty(), "{:#?}", sim.engine.incidents());
-    }
-
-    #[test]
-    fn bursty_benign_drops_at_agent_start_open_no_incident() {
-        // As in the lab: one burst of 5 OTHERHOST drops per probe every second, 20/s on others.
-        let mut sim = Sim::new();
-        let mut rates =
-            vec![Rates { interface: "veth0002", from: 0.0, to: 60.0, drops: 20, packets_in: 20, packets_out: 20 }];
-        for second in 0..60 {
-            let from = second as f64 + 0.5;
-            rates.push(Rates {
-                interface: "veth0001",
-                from,
-                to: from + 0.25,
-                drops: 20,
-                packets_in: 20,
-                packets_out: 20,
-            });
-        }
-        sim.run(&["veth0001", "veth0002"], &rates, 0.0, 60.0);
-        assert!(sim.engine.incidents().is_empty(), "{:#?}", sim.engine.incidents());
-    }
-
-    #[test]
-    fn steady_traffic_that_goes_silent_is_a_disruption() {
-        let mut sim = Sim::new();
-        // A prober: one packet a second each way, stopped between 20 s and 25 s.
-        let probe =
-            |from: f64, to: f64| Rates { interface: "veth0001", from, to, drops: 0, packets_in: 1, packets_out: 1 };
-        sim.event(19.5, EventKind::ProcessRestart, "ovs-vswitchd", "started again");
-        sim.run(&["veth0001"], &[probe(0.0, 20.0), probe(25.0, 60.0)], 0.0, 40.0);
-        let incidents = sim.engine.incidents();
-        assert_eq!(incidents.len(), 1, "{incidents:#?}");
-        let incident = &incidents[0];
-        assert_eq!(incident.interfaces[0].silent_directions, ["egress", "ingress"]);
-        assert!((incident.duration_seconds - 5.0).abs() <= 1.0, "{}", incident.duration_seconds);
-        assert_eq!(incident.cause_label(), "process_restart");
-        assert!(incident.message.contains("traffic stopped on veth0001"), "{}", incident.message);
-    }
-
-    #[test]
-    fn an_active_incident_grows_and_closes_after_the_quiet_period() {
-        let mut sim = Sim::new();
-        let rates = [steady("veth0001", 60.0), burst("veth0001", 10.0, 20.0, 100)];
-        sim.run(&["veth0001"], &rates, 0.0, 12.0);
-        let first = sim.engine.incidents();
-        assert!(first[0].active && first[0].end.is_none());
-        assert!(sim.engine.active());
-        sim.run(&["veth0001"], &rates, 12.25, 16.0);
-        let later = sim.engine.incidents();
-        assert!(later[0].duration_seconds > first[0].duration_seconds);
-        assert_eq!(later[0].id, first[0].id);
-        sim.run(&["veth0001"], &rates, 16.25, 22.0);
-        assert!(sim.engine.active(), "quiet period not over yet");
-        sim.run(&["veth0001"], &rates, 22.25, 24.0);
-        assert!(!sim.engine.active());
-        assert!(matches!(sim.updates.last(), Some(IncidentUpdate::Closed(_))));
-        let hist = &sim.engine.durations()["unattributed"];
-        let mut text = String::new();
-        let mut registry = prometheus_client::registry::Registry::default();
-        registry.register("d", "d", hist.clone());
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        assert!(text.contains("d_count 1"), "{text}");
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
-        /// Random bursts on three interfaces, random lifecycle events.
-        #[test]
-        fn incidents_are_consistent(
-            bursts in proptest::collection::vec((0usize..3, 6.0f64..80.0, 0.25f64..6.0, 1u64..200), 0..8),
-            events in proptest::collection::vec((0.0f64..90.0, 0usize..4), 0..6),
-        ) {
-            let names = ["veth0001", "veth0002", "veth0003"];
-            let mut sim = Sim::new();
-            let kinds = [EventKind::ProcessRestart, EventKind::CniDefaultNetworkMissing, EventKind::InterfaceDown, EventKind::CniConfigChanged];
-            let mut events = events;
-            events.sort_by(|a, b| a.0.total_cmp(&b.0));
-            for (t, k) in &events {
-                sim.event(*t, kinds[*k], "subject", "detail");
-            }
-            let mut rates: Vec<Rates> = names.iter().map(|n| steady(n, 100.0)).collect();
-            for (i, from, len, drops) in &bursts {
-                rates.push(burst(names[*i], *from, from + len, *drops));
-            }
-            sim.run(&names, &rates, 0.0, 100.0);
-            let incidents = sim.engine.incidents();
-            let mut spans: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-            for incident in &incidents {
-                prop_assert!(incident.duration_seconds >= 0.0);
-                let start: jiff::Timestamp = incident.start.parse().unwrap();
-                if let Some(end) = &incident.end {
-                    let end: jiff::Timestamp = end.parse().unwrap();
-                    prop_assert!(end >= start);
-                }
-                let sum = |f: fn(&IncidentInterface) -> u64| incident.interfaces.iter().map(f).sum::<u64>();
-                prop_assert_eq!(incident.totals.drops, sum(|i| i.drops));
-                prop_assert_eq!(incident.totals.tcp_resets, sum(|i| i.tcp_resets));
-                prop_assert_eq!(incident.totals.syn_retransmits, sum(|i| i.syn_retransmits));
-                prop_assert_eq!(incident.totals.interfaces, incident.interfaces.len());
-                for i in &incident.interfaces {
-                    prop_assert_eq!(i.drops, i.drop_reasons.values().sum::<u64>());
-                }
-                prop_assert!(incident.causes.windows(2).all(|w| w[0].confidence >= w[1].confidence));
-                prop_assert!(incident.causes.iter().all(|c| (0.0..=1.0).contains(&c.confidence)));
-                let start_s = start.as_millisecond() as f64 / 1e3;
-                for i in &incident.interfaces {
-                    spans.entry(i.interface.clone()).or_default().push((start_s, start_s + incident.duration_seconds));
-                }
-            }
-            // Incidents of one interface never overlap (1 ms for rounding).
-            for (_, mut list) in spans {
-                list.sort_by(|a, b| a.0.total_cmp(&b.0));
-                for pair in list.windows(2) {
-                    prop_assert!(pair[1].0 >= pair[0].1 - 0.002, "{:?}", pair);
-                }
-            }
-            // Every dropped packet inside a disruption is counted once at most.
-            let dropped: u64 = incidents.iter().map(|i| i.totals.drops).sum();
-            let injected: u64 = bursts.iter().map(|(_, _, len, d)| ((len * 4.0).floor() as u64 + 1) * d).sum();
-            prop_assert!(dropped <= injected);
-        }
     }
 }

@@ -8,7 +8,7 @@ use tracing::info;
 
 use super::{
     engine::IncidentUpdate,
-    record::{Cause, Incident, IncidentInterface, IncidentTotals},
+    record::{Cause, Incident, IncidentInterface, IncidentTotals, LostPackets},
 };
 use crate::lifecycle::clock::{Stamp, rfc3339};
 
@@ -23,11 +23,17 @@ pub(super) fn build_incident(
 ) -> Incident {
     let end = Stamp::from_monotonic(end_ns.max(start.mono_ns));
     let duration_seconds = round(start.seconds_until(&end), 1_000.0);
+    let mut lost = LostPackets::default();
+    for interface in &interfaces {
+        lost.add(&interface.lost);
+    }
     let totals = IncidentTotals {
         drops: interfaces.iter().map(|i| i.drops).sum(),
         tcp_resets: interfaces.iter().map(|i| i.tcp_resets).sum(),
         syn_retransmits: interfaces.iter().map(|i| i.syn_retransmits).sum(),
         interfaces: interfaces.len(),
+        lost_packets: lost.total(),
+        lost,
     };
     let start_text = rfc3339(start.wall);
     let mut incident = Incident {
@@ -40,6 +46,8 @@ pub(super) fn build_incident(
         interfaces,
         causes,
         message: String::new(),
+        detected_at: String::new(),
+        close_reason: None,
     };
     incident.message = message(&incident, lookback);
     incident
@@ -89,26 +97,42 @@ fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
-/// "9.4 s pod-network disruption on 14 interfaces (4,210 drops, 37 SYN retransmits, 3
-/// resets), began 1.1 s after ovs-vswitchd restarted and 2.9 s after ..."
+/// "9.4 s pod-network disruption on 14 interfaces (412 packets lost: 210 unanswered, 37
+/// SYN retransmits, 165 dropped (NETFILTER_DROP 165)), began 1.1 s after ovs-vswitchd went
+/// down for a restart and 2.9 s after ..."
 fn message(incident: &Incident, lookback: Duration) -> String {
     let t = &incident.totals;
     let mut text = format!(
-        "{}{:.1} s pod-network disruption on {} ({}, {}, {}",
+        "{}{:.1} s pod-network disruption on {} ({} lost",
         if incident.active { "ongoing: " } else { "" },
         incident.duration_seconds,
         plural(t.interfaces as u64, "interface", "interfaces"),
-        plural(t.drops, "drop", "drops"),
-        plural(t.syn_retransmits, "SYN retransmit", "SYN retransmits"),
-        plural(t.tcp_resets, "reset", "resets"),
+        plural(t.lost_packets, "packet", "packets"),
     );
+    let mut kinds = Vec::new();
+    if t.lost.unanswered > 0 {
+        kinds.push(format!("{} unanswered", thousands(t.lost.unanswered)));
+    }
+    if t.lost.retransmitted > 0 {
+        kinds.push(plural(t.lost.retransmitted, "SYN retransmit", "SYN retransmits"));
+    }
+    let dropped: u64 = t.lost.dropped.values().sum();
+    if dropped > 0 {
+        let mut reasons: Vec<(&String, &u64)> = t.lost.dropped.iter().collect();
+        reasons.sort_by(|a, b| b.1.cmp(a.1));
+        let top: Vec<String> = reasons.iter().take(3).map(|(r, n)| format!("{r} {}", thousands(**n))).collect();
+        kinds.push(format!("{} dropped ({})", thousands(dropped), top.join(", ")));
+    }
+    if !kinds.is_empty() {
+        text.push_str(&format!(": {}", kinds.join(", ")));
+    }
     let silent: Vec<String> = incident
         .interfaces
         .iter()
         .flat_map(|i| i.silent_directions.iter().map(move |d| format!("{} {d}", i.interface)))
         .collect();
     if !silent.is_empty() {
-        text.push_str(&format!("; traffic stopped on {}", silent.join(", ")));
+        text.push_str(&format!("; went silent: {}", silent.join(", ")));
     }
     text.push(')');
     if incident.causes.is_empty() {
@@ -149,7 +173,7 @@ pub fn log_update(update: &IncidentUpdate) {
         IncidentUpdate::Closed(i) => info!(
             id = i.id,
             duration_seconds = i.duration_seconds,
-            drops = i.totals.drops,
+            lost_packets = i.totals.lost_packets,
             cause = i.cause_label(),
             "incident closed: {}",
             i.message

@@ -7,24 +7,27 @@ pub mod detection;
 pub mod engine;
 pub mod message;
 pub mod record;
+#[cfg(test)]
+mod scenarios;
 pub mod store;
 
 use std::time::Duration;
 
 pub use self::{
     engine::{IncidentEngine, IncidentUpdate, SharedEngine},
-    record::{Cause, Incident, IncidentInterface, IncidentTotals},
+    record::{Cause, Incident, IncidentInterface, IncidentTotals, LostPackets},
 };
 
 /// Detection and attribution settings (flags `--incident-*`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
-    /// Bad events in one second, above the baseline, that start a disruption.
+    /// Lost packets in one second, above the baseline, that start a disruption.
     pub floor: u64,
     /// How long a disruption must stay calm to end (hysteresis).
     pub quiet: Duration,
-    /// How long a steadily active direction must be silent to count as disrupted.
-    pub silence: Duration,
+    /// The longest an incident lasts: one still going then is closed, and the loss rate of
+    /// its interfaces becomes their baseline (a steady loss is that interface's normal).
+    pub max_duration: Duration,
     /// How far before an incident's start lifecycle events are candidate causes.
     pub lookback: Duration,
     /// Seconds of history in an interface's baseline.
@@ -36,9 +39,9 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            floor: 5,
+            floor: 3,
             quiet: Duration::from_secs(3),
-            silence: Duration::from_secs(2),
+            max_duration: Duration::from_secs(300),
             lookback: Duration::from_secs(30),
             baseline_seconds: 60,
             history: 1000,

@@ -21,6 +21,37 @@ pub struct Incident {
     /// Most likely first (by confidence); empty when no lifecycle event was near: never invented.
     pub causes: Vec<Cause>,
     pub message: String,
+    /// When the agent opened it (RFC 3339): what it knew how soon.
+    #[serde(default)]
+    pub detected_at: String,
+    /// Why it ended other than by its evidence stopping (the cap, the agent stopping).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub close_reason: Option<String>,
+}
+
+/// Lost packets by kind of evidence (README, "Incidents").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostPackets {
+    /// Dropped by the kernel, by drop reason.
+    pub dropped: BTreeMap<String, u64>,
+    /// SYN retransmits: each repeats a lost or unanswered SYN.
+    pub retransmitted: u64,
+    /// Sent with nothing coming back (conversations gone one-sided, unanswered handshakes).
+    pub unanswered: u64,
+}
+
+impl LostPackets {
+    pub fn total(&self) -> u64 {
+        self.dropped.values().sum::<u64>() + self.retransmitted + self.unanswered
+    }
+
+    pub fn add(&mut self, other: &LostPackets) {
+        for (reason, n) in &other.dropped {
+            *self.dropped.entry(reason.clone()).or_default() += n;
+        }
+        self.retransmitted += other.retransmitted;
+        self.unanswered += other.unanswered;
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +60,11 @@ pub struct IncidentTotals {
     pub tcp_resets: u64,
     pub syn_retransmits: u64,
     pub interfaces: usize,
+    /// Sum of the interfaces' `lost_packets`.
+    #[serde(default)]
+    pub lost_packets: u64,
+    #[serde(default)]
+    pub lost: LostPackets,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,9 +76,15 @@ pub struct IncidentInterface {
     pub drop_reasons: BTreeMap<String, u64>,
     pub tcp_resets: u64,
     pub syn_retransmits: u64,
-    /// Directions ("ingress": from the pod, "egress": to the pod) whose steady traffic stopped.
+    /// Directions ("ingress": from the pod, "egress": to the pod) whose busy traffic stopped
+    /// during the incident. Silence alone never opens an incident.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub silent_directions: Vec<String>,
+    /// Packets this interface lost during the incident: `lost`'s total.
+    #[serde(default)]
+    pub lost_packets: u64,
+    #[serde(default)]
+    pub lost: LostPackets,
 }
 
 /// A lifecycle event suspected of causing the incident.
@@ -61,7 +103,8 @@ pub struct Cause {
 }
 
 impl Incident {
-    /// The label of `datapath_incidents_total{cause}`: the top cause's kind, or `unattributed`.
+    /// The label of `datapath_incidents_total{cause}`: the top cause's kind, or `unattributed`
+    /// (counted when the incident ends, so it is the final top cause).
     pub fn cause_label(&self) -> &str {
         self.causes.first().map_or("unattributed", |cause| cause.kind.as_str())
     }

@@ -249,7 +249,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        incidents::record::{Cause, IncidentInterface, IncidentTotals},
+        incidents::record::{Cause, IncidentInterface, IncidentTotals, LostPackets},
         test_support::TempDir,
     };
 
@@ -261,7 +261,14 @@ mod tests {
             end: Some("2026-01-12T20:58:56.500Z".into()),
             active: false,
             duration_seconds: 9.4,
-            totals: IncidentTotals { drops: 4210, tcp_resets: 3, syn_retransmits: 37, interfaces: 1 },
+            totals: IncidentTotals {
+                drops: 4210,
+                tcp_resets: 3,
+                syn_retransmits: 37,
+                interfaces: 1,
+                lost_packets: 46,
+                lost: LostPackets { retransmitted: 6, unanswered: 40, ..LostPackets::default() },
+            },
             interfaces: vec![IncidentInterface {
                 interface: "veth1a2b3c4d".into(),
                 pod_namespace: "openshift-apiserver".into(),
@@ -271,6 +278,8 @@ mod tests {
                 tcp_resets: 1,
                 syn_retransmits: 6,
                 silent_directions: vec!["egress".into()],
+                lost_packets: 46,
+                lost: LostPackets { retransmitted: 6, unanswered: 40, ..LostPackets::default() },
             }],
             causes: vec![Cause {
                 kind: "process_restart".into(),
@@ -281,6 +290,8 @@ mod tests {
                 detail: "exited (SIGKILL), started again after 2.0 s".into(),
             }],
             message: format!("incident number {seq}"),
+            detected_at: "2026-01-12T20:58:47.000Z".into(),
+            close_reason: None,
         }
     }
 
