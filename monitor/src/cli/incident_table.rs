@@ -14,7 +14,7 @@ const MAX_INTERFACES: usize = 10;
 /// At most this many drop reasons are listed for one interface.
 const MAX_REASONS: usize = 4;
 
-const HEADER: [&str; 9] = ["ID", "START", "DURATION", "STATE", "IFACES", "DROPS", "SYN RETX", "RESETS", "TOP CAUSE"];
+const HEADER: [&str; 9] = ["ID", "START", "DURATION", "STATE", "IFACES", "LOST", "DROPS", "SYN RETX", "TOP CAUSE"];
 
 /// Renders the incidents answer (a JSON array, newest first) as a table with detail lines.
 pub fn render_incidents(incidents: &Value) -> String {
@@ -78,9 +78,9 @@ fn summary_row(incident: &Value) -> Vec<String> {
         duration,
         state.into(),
         count(&totals["interfaces"]),
+        count(&totals["lost_packets"]),
         count(&totals["drops"]),
         count(&totals["syn_retransmits"]),
-        count(&totals["tcp_resets"]),
         top_cause,
     ]
 }
@@ -149,9 +149,14 @@ fn interface_row(interface: &Value) -> Vec<String> {
         }
         let _ = write!(drops, " ({})", list.join(", "));
     }
+    let mut lost = format!("lost {}", count(&interface["lost_packets"]));
+    if let Some(unanswered) = interface["lost"]["unanswered"].as_u64().filter(|n| *n > 0) {
+        let _ = write!(lost, " ({unanswered} unanswered)");
+    }
     let mut row = vec![
         text(&interface["interface"]),
         pod,
+        lost,
         drops,
         format!("syn retx {}", count(&interface["syn_retransmits"])),
         format!("resets {}", count(&interface["tcp_resets"])),
@@ -207,7 +212,8 @@ mod tests {
         let mut interfaces = vec![json!({
             "interface": "veth1a2b3c4d", "pod_namespace": "openshift-apiserver", "pod": "apiserver-zg25k",
             "drops": 310, "drop_reasons": {"NOT_SPECIFIED": 10, "NO_SOCKET": 300},
-            "tcp_resets": 1, "syn_retransmits": 6, "silent_directions": ["egress"]})];
+            "tcp_resets": 1, "syn_retransmits": 6, "silent_directions": ["egress"],
+            "lost_packets": 46, "lost": {"dropped": {}, "retransmitted": 6, "unanswered": 40}})];
         for n in 1..14 {
             interfaces.push(json!({
                 "interface": format!("veth0000{n:04x}"), "pod_namespace": "openshift-dns", "pod": format!("dns-{n}"),
@@ -216,7 +222,7 @@ mod tests {
         json!({
             "id": "2026-01-12T20:58:47.100Z-1", "start": "2026-01-12T20:58:47.100Z",
             "end": "2026-01-12T20:58:56.500Z", "active": false, "duration_seconds": 9.4,
-            "totals": {"drops": 4210, "tcp_resets": 3, "syn_retransmits": 37, "interfaces": 14},
+            "totals": {"drops": 4210, "tcp_resets": 3, "syn_retransmits": 37, "interfaces": 14, "lost_packets": 412},
             "interfaces": interfaces,
             "causes": [
                 {"kind": "process_restart", "subject": "ovs-vswitchd", "at": "2026-01-12T20:58:46.000Z",
@@ -239,10 +245,10 @@ mod tests {
         assert_contains(
             &out,
             &[
-                "ID                          START                     DURATION  STATE   IFACES  DROPS  SYN RETX  RESETS  TOP CAUSE\n",
-                "2026-01-12T20:58:47.100Z-1  2026-01-12T20:58:47.100Z  9.4 s     closed  14      4210   37        3       process_restart ovs-vswitchd (-1.1 s, 0.80)\n",
+                "ID                          START                     DURATION  STATE   IFACES  LOST  DROPS  SYN RETX  TOP CAUSE\n",
+                "2026-01-12T20:58:47.100Z-1  2026-01-12T20:58:47.100Z  9.4 s     closed  14      412   4210   37        process_restart ovs-vswitchd (-1.1 s, 0.80)\n",
                 "\n  9.4 s pod-network disruption on 14 interfaces (4,210 drops",
-                "  veth1a2b3c4d  openshift-apiserver/apiserver-zg25k  drops 310 (NO_SOCKET 300, NOT_SPECIFIED 10)  syn retx 6  resets 1  silent egress\n",
+                "  veth1a2b3c4d  openshift-apiserver/apiserver-zg25k  lost 46 (40 unanswered)  drops 310 (NO_SOCKET 300, NOT_SPECIFIED 10)  syn retx 6  resets 1  silent egress\n",
                 "openshift-dns/dns-9 ",
                 "  … and 4 more interfaces\n",
                 "  causes: process_restart ovs-vswitchd at 2026-01-12T20:58:46.000Z (-1.1 s, confidence 0.80): exited (SIGKILL), started again after 2.0 s\n",
@@ -272,7 +278,7 @@ mod tests {
             &[
                 "1m15s so far  ACTIVE",
                 "interface_down br-int (+0.3 s, 0.50)",
-                "  0123456789abcde  ns/p  drops 12  syn retx 4  resets 0\n",
+                "  0123456789abcde  ns/p  lost -  drops 12  syn retx 4  resets 0\n",
                 "causes: interface_down br-int at 2026-01-12T21:10:00.300Z (+0.3 s, confidence 0.50)\n",
             ],
         );
@@ -288,7 +294,7 @@ mod tests {
         let mut incident = seed();
         incident["causes"] = json!([]);
         let out = render_incidents(&json!([incident]));
-        assert_contains(&out, &["  3       unattributed\n", "causes: none found"]);
+        assert_contains(&out, &["  37        unattributed\n", "causes: none found"]);
     }
 
     #[test]
@@ -307,7 +313,7 @@ mod tests {
         assert_contains(
             &out,
             &[
-                "-   -      -         -      -       -      -         -       -\n",
+                "-   -      -         -      -       -     -      -         -\n",
                 "process_exit - (- s, -)",
                 "a\\nb\\u{1b}[31m",
             ],

@@ -344,7 +344,7 @@ impl InterfaceState {
             }
         }
         let benign: u64 = benign_drops.values().sum();
-        let loss = lost.total();
+        let loss = lost.evidence();
         let benign_expected = self.benign_baseline.expected_per_s();
         let benign_above = self.benign_baseline.warm() && benign > 0 && benign as f64 > benign_expected * dt_s;
         if benign_above {

@@ -313,7 +313,7 @@ impl IncidentEngine {
                 tcp_resets: counters.resets,
                 syn_retransmits: counters.syn,
                 silent_directions: member.silent.iter().map(|d| d.to_string()).collect(),
-                lost_packets: lost.total(),
+                lost_packets: lost.packets(),
                 lost,
             });
         }

@@ -32,7 +32,7 @@ pub(super) fn build_incident(
         tcp_resets: interfaces.iter().map(|i| i.tcp_resets).sum(),
         syn_retransmits: interfaces.iter().map(|i| i.syn_retransmits).sum(),
         interfaces: interfaces.len(),
-        lost_packets: lost.total(),
+        lost_packets: lost.packets(),
         lost,
     };
     let start_text = rfc3339(start.wall);
@@ -97,9 +97,9 @@ fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
-/// "9.4 s pod-network disruption on 14 interfaces (412 packets lost: 210 unanswered, 37
-/// SYN retransmits, 165 dropped (NETFILTER_DROP 165)), began 1.1 s after ovs-vswitchd went
-/// down for a restart and 2.9 s after ..."
+/// "9.4 s pod-network disruption on 14 interfaces (247 packets lost (210 unanswered; 37 SYN
+/// retransmits; 165 dropped: NETFILTER_DROP 165)), began 1.1 s after ovs-vswitchd went down
+/// for a restart and 2.9 s after ..."
 fn message(incident: &Incident, lookback: Duration) -> String {
     let t = &incident.totals;
     let mut text = format!(
@@ -121,10 +121,10 @@ fn message(incident: &Incident, lookback: Duration) -> String {
         let mut reasons: Vec<(&String, &u64)> = t.lost.dropped.iter().collect();
         reasons.sort_by(|a, b| b.1.cmp(a.1));
         let top: Vec<String> = reasons.iter().take(3).map(|(r, n)| format!("{r} {}", thousands(**n))).collect();
-        kinds.push(format!("{} dropped ({})", thousands(dropped), top.join(", ")));
+        kinds.push(format!("{} dropped: {}", thousands(dropped), top.join(", ")));
     }
     if !kinds.is_empty() {
-        text.push_str(&format!(": {}", kinds.join(", ")));
+        text.push_str(&format!(" ({})", kinds.join("; ")));
     }
     let silent: Vec<String> = incident
         .interfaces

@@ -41,7 +41,15 @@ pub struct LostPackets {
 }
 
 impl LostPackets {
-    pub fn total(&self) -> u64 {
+    /// Packets lost, counted once: a packet is often both dropped and left unanswered (a
+    /// dropped SYN, a datagram a pod's firewall drops), so this is the larger of the dropped
+    /// and the not-answered (unanswered + retransmitted) counts: a lower bound.
+    pub fn packets(&self) -> u64 {
+        self.dropped.values().sum::<u64>().max(self.retransmitted + self.unanswered)
+    }
+
+    /// Every piece of evidence, each kind in full (what detection weighs).
+    pub fn evidence(&self) -> u64 {
         self.dropped.values().sum::<u64>() + self.retransmitted + self.unanswered
     }
 
@@ -60,7 +68,8 @@ pub struct IncidentTotals {
     pub tcp_resets: u64,
     pub syn_retransmits: u64,
     pub interfaces: usize,
-    /// Sum of the interfaces' `lost_packets`.
+    /// `lost`'s packets, counted once (see [`LostPackets::packets`]); the same packet can be
+    /// evidence on two interfaces (unanswered on the sender's, dropped on the receiver's).
     #[serde(default)]
     pub lost_packets: u64,
     #[serde(default)]
@@ -80,7 +89,7 @@ pub struct IncidentInterface {
     /// during the incident. Silence alone never opens an incident.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub silent_directions: Vec<String>,
-    /// Packets this interface lost during the incident: `lost`'s total.
+    /// Packets this interface lost during the incident, counted once (see [`LostPackets::packets`]).
     #[serde(default)]
     pub lost_packets: u64,
     #[serde(default)]
