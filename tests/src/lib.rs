@@ -480,15 +480,39 @@ impl Netns {
 }
 
 /// A steady UDP stream from a pod to a listener on the host side of its veth: `rate`
-/// datagrams of 64 bytes a second, until stopped (or dropped).
+/// datagrams of 64 bytes a second, until stopped (or dropped). One-way, or echoed back.
 pub struct UdpStream {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     received: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Datagrams sent, and echoes the pod got back.
+    sent: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    echoed: std::sync::Arc<std::sync::atomic::AtomicU64>,
     threads: Vec<thread::JoinHandle<Result<Result<()>>>>,
 }
 
 impl UdpStream {
+    /// A one-way stream: the listener never answers.
     pub fn start(host: &Netns, pod: &Pod, port: u16, rate: u64) -> Result<Self> {
+        Self::start_with(host, pod, port, rate, false)
+    }
+
+    /// A request/response stream: the listener echoes every datagram.
+    pub fn start_echo(host: &Netns, pod: &Pod, port: u16, rate: u64) -> Result<Self> {
+        Self::start_with(host, pod, port, rate, true)
+    }
+
+    /// (datagrams sent, echoes received) so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.sent.load(Ordering::Relaxed), self.echoed.load(Ordering::Relaxed))
+    }
+
+    /// Stops sending; the listener (and the echo reader) go on until [`UdpStream::stop`].
+    pub fn pause_sender(&self) {
+        self.paused.store(true, Ordering::Relaxed);
+    }
+
+    fn start_with(host: &Netns, pod: &Pod, port: u16, rate: u64, echo: bool) -> Result<Self> {
         use std::{
             net::UdpSocket,
             sync::{
@@ -497,7 +521,10 @@ impl UdpStream {
             },
         };
         let stop = Arc::new(AtomicBool::new(false));
+        let paused = Arc::new(AtomicBool::new(false));
         let received = Arc::new(AtomicU64::new(0));
+        let sent_count = Arc::new(AtomicU64::new(0));
+        let echoed = Arc::new(AtomicU64::new(0));
         let listener = {
             let (stop, received, ip) = (Arc::clone(&stop), Arc::clone(&received), pod.host_ip.clone());
             host.spawn(move || -> Result<()> {
@@ -505,8 +532,11 @@ impl UdpStream {
                 socket.set_read_timeout(Some(Duration::from_millis(100)))?;
                 let mut buffer = [0u8; 256];
                 while !stop.load(Ordering::Relaxed) {
-                    if socket.recv(&mut buffer).is_ok() {
+                    if let Ok((n, peer)) = socket.recv_from(&mut buffer) {
                         received.fetch_add(1, Ordering::Relaxed);
+                        if echo {
+                            let _ = socket.send_to(&buffer[..n], peer);
+                        }
                     }
                 }
                 Ok(())
@@ -514,23 +544,32 @@ impl UdpStream {
         };
         thread::sleep(Duration::from_millis(200));
         let sender = {
-            let (stop, target) = (Arc::clone(&stop), format!("{}:{port}", pod.host_ip));
+            let (stop, paused, target) = (Arc::clone(&stop), Arc::clone(&paused), format!("{}:{port}", pod.host_ip));
+            let (sent_count, echoed) = (Arc::clone(&sent_count), Arc::clone(&echoed));
             pod.ns.spawn(move || -> Result<()> {
                 let socket = UdpSocket::bind("0.0.0.0:0")?;
+                socket.set_nonblocking(true)?;
                 let started = Instant::now();
                 let mut sent = 0u64;
+                let mut buffer = [0u8; 256];
                 while !stop.load(Ordering::Relaxed) {
                     let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
                     while sent < due {
-                        socket.send_to(&[0x5a; 64], &target)?;
+                        if !paused.load(Ordering::Relaxed) {
+                            socket.send_to(&[0x5a; 64], &target)?;
+                            sent_count.fetch_add(1, Ordering::Relaxed);
+                        }
                         sent += 1;
+                    }
+                    while socket.recv(&mut buffer).is_ok() {
+                        echoed.fetch_add(1, Ordering::Relaxed);
                     }
                     thread::sleep(Duration::from_millis(5));
                 }
                 Ok(())
             })?
         };
-        Ok(Self { stop, received, threads: vec![listener, sender] })
+        Ok(Self { stop, paused, received, sent: sent_count, echoed, threads: vec![listener, sender] })
     }
 
     /// Stops both ends; the number of datagrams the listener received.

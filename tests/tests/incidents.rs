@@ -130,3 +130,120 @@ fn a_drop_rule_after_a_restart_is_one_incident_attributed_to_the_restart() -> Re
     let _ = process.wait();
     Ok(())
 }
+
+/// Unanswered packets the agent counted on `veth` in `direction`.
+fn unanswered(metrics: &datapath_monitor_tests::Metrics, veth: &str, direction: &str) -> f64 {
+    metrics.value("datapath_unanswered_packets_total", &[("interface", veth), ("direction", direction)])
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn steady_traffic_that_stops_is_idle_not_an_incident() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmti")?;
+    let pod = Pod::new(&host, 4)?;
+    let state = TempDir::new("dmstate")?;
+    let dir = state.display();
+    let agent = Agent::start(&host, &["--cni-dir", &dir, "--cni-cache-dir", &dir, "--state-dir", &dir])?;
+
+    // Request/response and one-way streams for 6 s, then the pod simply stops talking.
+    let echo = UdpStream::start_echo(&host, &pod, PORT, RATE)?;
+    let one_way = UdpStream::start(&host, &pod, PORT + 1, RATE)?;
+    thread::sleep(Duration::from_secs(6));
+    let (sent, echoed) = echo.counts();
+    echo.stop()?;
+    one_way.stop()?;
+    thread::sleep(Duration::from_secs(8));
+
+    let all = incidents(&agent)?;
+    ensure!(all.is_empty(), "idle traffic made an incident: {all:#?}");
+    let metrics = agent.metrics()?;
+    ensure!(unanswered(&metrics, &pod.veth, "ingress") == 0.0, "{}", metrics.text);
+    ensure!(unanswered(&metrics, &pod.veth, "egress") == 0.0, "{}", metrics.text);
+    ensure!(sent >= 5 * RATE && echoed + 2 >= sent, "the echo stream itself lost packets: {sent} sent, {echoed} echoed");
+    println!("6 s of echoed ({sent} sent, {echoed} echoed) and one-way traffic, then idle: no incident, 0 unanswered");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn a_fault_two_seconds_after_the_agent_is_ready_is_one_incident_counting_what_was_lost() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmti")?;
+    let pod = Pod::new(&host, 5)?;
+    let state = TempDir::new("dmstate")?;
+    let dir = state.display();
+    // Traffic first, as on a node whose agent is restarted by an upgrade.
+    let stream = UdpStream::start_echo(&host, &pod, PORT, RATE)?;
+    thread::sleep(Duration::from_secs(1));
+    let agent = Agent::start(&host, &["--cni-dir", &dir, "--cni-cache-dir", &dir, "--state-dir", &dir])?;
+    thread::sleep(Duration::from_secs(2));
+
+    // The host drops the pod's datagrams for 3 s: dropped, and left unanswered.
+    let rule = ["INPUT", "-i", pod.veth.as_str(), "-p", "udp", "--dport", "7000", "-j", "DROP"];
+    let insert: Vec<&str> = ["iptables", "-I"].into_iter().chain(rule).collect();
+    let (sent_before, echoed_before) = stream.counts();
+    host.exec(&insert)?;
+    let dropped_from = Instant::now();
+    let mut latency = None;
+    while dropped_from.elapsed() < Duration::from_secs(3) {
+        if latency.is_none() && !incidents(&agent)?.is_empty() {
+            latency = Some(dropped_from.elapsed());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    // Stop sending before the rule goes, so its counter is the whole truth.
+    stream.pause_sender();
+    thread::sleep(Duration::from_millis(300));
+    let listing = host.exec(&["iptables", "-L", "INPUT", "-v", "-x", "-n"])?;
+    let dropped_by_rule: u64 = listing
+        .lines()
+        .find(|l| l.contains("DROP") && l.contains(&pod.veth))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .context(format!("no rule counter in:\n{listing}"))?;
+    let delete: Vec<&str> = ["iptables", "-D"].into_iter().chain(rule).collect();
+    host.exec(&delete)?;
+    let (sent_after, echoed_after) = stream.counts();
+    let not_echoed = (sent_after - sent_before) - (echoed_after - echoed_before);
+    let latency = latency.context("no incident visible while the DROP rule was in place")?;
+    println!("detection latency (DROP rule inserted 2 s after the agent was ready → incident visible): {latency:?}");
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let all = loop {
+        let all = incidents(&agent)?;
+        if all.first().is_some_and(|i| i["active"] == false) {
+            break all;
+        }
+        ensure!(Instant::now() < deadline, "incident still active: {all:#?}");
+        thread::sleep(Duration::from_millis(200));
+    };
+    println!("{}", serde_json::to_string_pretty(&all)?);
+    ensure!(all.len() == 1, "expected exactly one incident: {all:#?}");
+    let incident = &all[0];
+    let interfaces = incident["interfaces"].as_array().context("interfaces")?;
+    ensure!(interfaces.len() == 1 && interfaces[0]["interface"] == pod.veth.as_str(), "{incident:#}");
+    let lost = &interfaces[0]["lost"];
+    let netfilter = lost["dropped"]["NETFILTER_DROP"].as_u64().unwrap_or(0);
+    let unanswered_lost = lost["unanswered"].as_u64().unwrap_or(0);
+    println!(
+        "iptables rule counter {dropped_by_rule}, datagrams not echoed {not_echoed}; incident: NETFILTER_DROP {netfilter}, unanswered {unanswered_lost}, lost_packets {}",
+        incident["totals"]["lost_packets"]
+    );
+    ensure!(netfilter == dropped_by_rule, "NETFILTER_DROP {netfilter} vs the rule's own counter {dropped_by_rule}");
+    ensure!(dropped_by_rule >= 2 * RATE, "the rule dropped only {dropped_by_rule}");
+    // Every dropped datagram was also left unanswered (one more may fall in the stretch).
+    ensure!(
+        unanswered_lost.abs_diff(dropped_by_rule) <= 2,
+        "unanswered {unanswered_lost} vs dropped {dropped_by_rule}"
+    );
+    ensure!(not_echoed.abs_diff(dropped_by_rule) <= 2, "not echoed {not_echoed} vs dropped {dropped_by_rule}");
+    ensure!(incident["totals"]["lost_packets"].as_u64().is_some_and(|n| n.abs_diff(dropped_by_rule) <= 2));
+    let duration = incident["duration_seconds"].as_f64().context("duration")?;
+    ensure!((duration - 3.3).abs() <= 1.0, "duration {duration} s, expected about 3.3 s");
+    let metrics = agent.metrics()?;
+    ensure!(metrics.value("datapath_incidents_total", &[("cause", "unattributed")]) == 1.0, "{}", metrics.text);
+    ensure!(metrics.value("datapath_incident_lost_packets_total", &[("cause", "unattributed")]) >= 2.0 * RATE as f64);
+    stream.stop()?;
+    Ok(())
+}
