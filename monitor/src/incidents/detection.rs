@@ -56,12 +56,54 @@ pub fn is_benign_reason(reason: &str) -> bool {
         || reason.starts_with("reason_")
 }
 
+/// One interface's evidence of lost packets, with the direction of what went unanswered.
+///
+/// A packet between two pods of the node crosses two watched interfaces: left unanswered, it
+/// shows on the sender's veth (ingress) and on the receiver's (egress). Incident totals take,
+/// for unanswered packets and SYN retransmits, the larger of the two directions' sums
+/// ([`Evidence::total`]), so that such a packet is counted once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Evidence {
+    pub(super) lost: LostPackets,
+    /// Unanswered packets (conversations and handshakes) by direction (ingress, egress).
+    pub(super) unanswered: [u64; 2],
+    /// SYN retransmits by direction.
+    pub(super) syn_retransmits: [u64; 2],
+}
+
+impl Evidence {
+    pub(super) fn add(&mut self, other: &Evidence) {
+        self.lost.add(&other.lost);
+        for d in 0..2 {
+            self.unanswered[d] += other.unanswered[d];
+            self.syn_retransmits[d] += other.syn_retransmits[d];
+        }
+    }
+
+    /// The incident's lost packets over its interfaces' evidence, each packet counted once.
+    pub(super) fn total<'a>(all: impl Iterator<Item = &'a Evidence>) -> LostPackets {
+        let mut sum = Evidence::default();
+        for evidence in all {
+            sum.add(evidence);
+        }
+        let directed = |pair: [u64; 2]| pair[0].max(pair[1]);
+        let syn_retransmits = sum.syn_retransmits[0] + sum.syn_retransmits[1];
+        LostPackets {
+            dropped: sum.lost.dropped,
+            unanswered: directed(sum.unanswered),
+            // Data retransmits are counted once per socket already.
+            retransmitted: directed(sum.syn_retransmits) + sum.lost.retransmitted.saturating_sub(syn_retransmits),
+        }
+    }
+}
+
 /// Cumulative counters of one interface at one sample.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Counters {
     pub(super) drops: BTreeMap<String, u64>,
     pub(super) resets: u64,
     pub(super) syn: u64,
+    syn_retransmits: [u64; 2],
     packets: [u64; 2],
     syns: [u64; 2],
     answered: [u64; 2],
@@ -77,6 +119,7 @@ impl Counters {
             drops: series.drops.clone(),
             resets: c.ingress.tcp_resets + c.egress.tcp_resets,
             syn: c.ingress.syn_retransmits + c.egress.syn_retransmits,
+            syn_retransmits: both(|d| d.syn_retransmits),
             packets: both(|d| d.packets),
             syns: both(|d| d.syns),
             answered: both(|d| d.syns_answered),
@@ -98,6 +141,7 @@ impl Counters {
                 .collect(),
             resets: diff(self.resets, earlier.resets),
             syn: diff(self.syn, earlier.syn),
+            syn_retransmits: pair(self.syn_retransmits, earlier.syn_retransmits),
             packets: pair(self.packets, earlier.packets),
             syns: pair(self.syns, earlier.syns),
             answered: pair(self.answered, earlier.answered),
@@ -129,8 +173,9 @@ pub(super) struct Handshakes {
 }
 
 impl Handshakes {
-    /// Unanswered SYNs found at this sample, and the start of the interval they were sent in.
-    fn observe(&mut self, now_ns: u64, counters: &Counters) -> (u64, Option<u64>) {
+    /// Unanswered SYNs found at this sample by direction, and the start of the interval they
+    /// were sent in.
+    fn observe(&mut self, now_ns: u64, counters: &Counters) -> ([u64; 2], Option<u64>) {
         let outstanding = [0, 1].map(|d| counters.syns[d].saturating_sub(counters.answered[d]));
         self.recent.push_back((now_ns, outstanding));
         while self.recent.len() > 4 {
@@ -138,16 +183,16 @@ impl Handshakes {
         }
         let n = self.recent.len();
         if n < 3 {
-            return (0, None);
+            return ([0, 0], None);
         }
         let floor = [0, 1].map(|d| self.recent.iter().skip(n - 3).map(|(_, o)| o[d]).min().unwrap_or(0));
         // Sent after the sample before the oldest of the three.
         let sent_from = self.recent[n.saturating_sub(4)].0;
         let Some(mark) = self.mark.replace(floor) else {
-            return (0, None);
+            return ([0, 0], None);
         };
-        let unanswered: u64 = (0..2).map(|d| floor[d].saturating_sub(mark[d])).sum();
-        (unanswered, (unanswered > 0).then_some(sent_from))
+        let unanswered = [0, 1].map(|d| floor[d].saturating_sub(mark[d]));
+        (unanswered, (unanswered != [0, 0]).then_some(sent_from))
     }
 }
 
@@ -260,7 +305,7 @@ struct SampleInterval {
     onset_ns: Option<u64>,
     /// Counters at the previous sample.
     before: Counters,
-    lost: LostPackets,
+    evidence: Evidence,
 }
 
 /// A disruption of one interface, going on.
@@ -270,8 +315,8 @@ pub(super) struct Disruption {
     pub(super) start: Counters,
     /// Counters at `last_bad_ns`.
     pub(super) end: Counters,
-    /// Packets lost since it began.
-    pub(super) lost: LostPackets,
+    /// Evidence of lost packets since it began.
+    pub(super) lost: Evidence,
 }
 
 /// What detection knows of one watched interface.
@@ -330,9 +375,10 @@ impl InterfaceState {
         // This interval's evidence.
         let (unanswered_syns, syn_onset) = self.handshakes.observe(now_ns, &current);
         let unanswered_flows = delta.unanswered[0] + delta.unanswered[1];
+        let unanswered = [0, 1].map(|d| delta.unanswered[d] + unanswered_syns[d]);
         let mut lost = LostPackets {
             retransmitted: delta.syn,
-            unanswered: unanswered_flows + unanswered_syns,
+            unanswered: unanswered[0] + unanswered[1],
             ..LostPackets::default()
         };
         let mut benign_drops = BTreeMap::new();
@@ -367,7 +413,15 @@ impl InterfaceState {
         let onset_ns = onsets.into_iter().min();
 
         let before = std::mem::replace(&mut self.last, current.clone());
-        self.window.push_back(SampleInterval { at_ns: now_ns, loss, benign, onset_ns, before, lost: lost.clone() });
+        let evidence = Evidence { lost, unanswered, syn_retransmits: delta.syn_retransmits };
+        self.window.push_back(SampleInterval {
+            at_ns: now_ns,
+            loss,
+            benign,
+            onset_ns,
+            before,
+            evidence: evidence.clone(),
+        });
         self.last_ns = now_ns;
         while self.window.front().is_some_and(|t| t.at_ns + SECOND_NS <= now_ns) {
             self.window.pop_front();
@@ -402,9 +456,9 @@ impl InterfaceState {
                         .filter_map(|t| t.onset_ns)
                         .min()
                         .map_or(first.at_ns, |onset| onset.min(first.at_ns));
-                    let mut total = LostPackets::default();
+                    let mut total = Evidence::default();
                     for t in &self.window {
-                        total.add(&t.lost);
+                        total.add(&t.evidence);
                     }
                     self.disruption = Some(Disruption {
                         last_bad_ns: now_ns,
@@ -416,7 +470,7 @@ impl InterfaceState {
                 }
             }
             Some(disruption) => {
-                disruption.lost.add(&lost);
+                disruption.lost.add(&evidence);
                 // Goes on while this sample is above the baseline and the trailing second
                 // still clearly is: benign traffic around its baseline lets it end.
                 let half = (floor / 2.0).max(1.0);

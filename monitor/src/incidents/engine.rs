@@ -14,9 +14,9 @@ use tracing::warn;
 use super::{
     EngineConfig,
     attribution::{Scope, attribute},
-    detection::{Counters, DIRECTIONS, Disruption, InterfaceState, SECOND_NS},
-    message::build_incident,
-    record::{Incident, IncidentInterface, LostPackets},
+    detection::{Counters, DIRECTIONS, Disruption, Evidence, InterfaceState, SECOND_NS},
+    message::{Span, build_incident},
+    record::{Incident, IncidentInterface},
 };
 use crate::{
     lifecycle::{
@@ -39,7 +39,7 @@ struct Member {
     pod: String,
     /// Sums over this interface's disruptions that have ended.
     ended: Counters,
-    lost: LostPackets,
+    lost: Evidence,
     /// Directions that fell silent during the incident (listed, never evidence).
     silent: BTreeSet<&'static str>,
     last_end_ns: u64,
@@ -288,6 +288,7 @@ impl IncidentEngine {
         let mut active = false;
         let mut pod_veths = 0;
         let mut other_interfaces = 0;
+        let mut evidence = Vec::with_capacity(open.members.len());
         for (name, member) in &open.members {
             let mut counters = member.ended.clone();
             let mut lost = member.lost.clone();
@@ -313,9 +314,10 @@ impl IncidentEngine {
                 tcp_resets: counters.resets,
                 syn_retransmits: counters.syn,
                 silent_directions: member.silent.iter().map(|d| d.to_string()).collect(),
-                lost_packets: lost.packets(),
-                lost,
+                lost_packets: lost.lost.packets(),
+                lost: lost.lost.clone(),
             });
+            evidence.push(lost);
         }
         let names: BTreeSet<String> = open.members.keys().cloned().collect();
         let lookback_ns = self.config.lookback.as_nanos() as u64;
@@ -323,8 +325,9 @@ impl IncidentEngine {
         // Node-wide: a bridge or tunnel port, or more than one pod, lost packets.
         let scope = if other_interfaces > 0 || pod_veths > 1 { Scope::NodeWide } else { Scope::OnePod };
         let causes = attribute(&candidates, open.start, &names, &self.pod_veths, scope);
-        let mut incident =
-            build_incident(open.seq, open.start, end_ns, active, interfaces, causes, self.config.lookback);
+        let lost = Evidence::total(evidence.iter());
+        let span = Span { seq: open.seq, start: open.start, end_ns, active };
+        let mut incident = build_incident(span, interfaces, lost, causes, self.config.lookback);
         incident.detected_at = rfc3339(open.detected.wall);
         incident.close_reason.clone_from(&open.close_reason);
         incident

@@ -12,21 +12,25 @@ use super::{
 };
 use crate::lifecycle::clock::{Stamp, rfc3339};
 
+/// When an incident ran, and whether it still does.
+pub(super) struct Span {
+    pub(super) seq: u64,
+    pub(super) start: Stamp,
+    pub(super) end_ns: u64,
+    pub(super) active: bool,
+}
+
+/// The record of an incident; `lost` is its interfaces' evidence with each packet counted
+/// once (see `detection::Evidence::total`).
 pub(super) fn build_incident(
-    seq: u64,
-    start: Stamp,
-    end_ns: u64,
-    active: bool,
+    Span { seq, start, end_ns, active }: Span,
     interfaces: Vec<IncidentInterface>,
+    lost: LostPackets,
     causes: Vec<Cause>,
     lookback: Duration,
 ) -> Incident {
     let end = Stamp::from_monotonic(end_ns.max(start.mono_ns));
     let duration_seconds = round(start.seconds_until(&end), 1_000.0);
-    let mut lost = LostPackets::default();
-    for interface in &interfaces {
-        lost.add(&interface.lost);
-    }
     let totals = IncidentTotals {
         drops: interfaces.iter().map(|i| i.drops).sum(),
         tcp_resets: interfaces.iter().map(|i| i.tcp_resets).sum(),

@@ -40,6 +40,8 @@ struct Rates {
     packets_out: u64,
     /// Unanswered packets per second (from the pod), as the kernel counts them.
     unanswered: u64,
+    /// Unanswered packets per second to the pod.
+    unanswered_out: u64,
     /// Handshakes started and answered per second (from the pod).
     syns: u64,
     answered: u64,
@@ -51,6 +53,7 @@ struct Totals {
     drops: BTreeMap<&'static str, f64>,
     packets: [f64; 2],
     unanswered: f64,
+    unanswered_out: f64,
     unanswered_since_ns: u64,
     syns: f64,
     answered: f64,
@@ -105,8 +108,9 @@ impl Sim {
                         *total.drops.entry(reason).or_default() += r.drops as f64 / 4.0;
                         total.packets[0] += r.packets_in as f64 / 4.0;
                         total.packets[1] += r.packets_out as f64 / 4.0;
-                        if r.unanswered > 0 {
+                        if r.unanswered > 0 || r.unanswered_out > 0 {
                             total.unanswered += r.unanswered as f64 / 4.0;
+                            total.unanswered_out += r.unanswered_out as f64 / 4.0;
                             total.unanswered_since_ns = at(r.from);
                         }
                         total.syns += r.syns as f64 / 4.0;
@@ -134,7 +138,12 @@ impl Sim {
                                 syn_retransmits: total.syn_retransmits as u64,
                                 ..Default::default()
                             },
-                            egress: DirectionCounters { packets: total.packets[1] as u64, ..Default::default() },
+                            egress: DirectionCounters {
+                                packets: total.packets[1] as u64,
+                                unanswered: total.unanswered_out as u64,
+                                unanswered_since_ns: total.unanswered_since_ns,
+                                ..Default::default()
+                            },
                         },
                         drops,
                         removed: false,
@@ -454,6 +463,26 @@ fn unanswered_evidence_counts_lost_packets_and_is_seen_within_a_second() {
     assert!(incident.message.contains("160 packets lost (160 unanswered)"), "{}", incident.message);
     let seen = sim.first_seen[&incident.id];
     assert!(seen - 10.0 <= 1.0, "seen {seen}");
+}
+
+#[test]
+fn a_packet_unanswered_on_two_pods_veths_is_lost_once() {
+    // Pod to pod on one node: the sender's veth sees it leave unanswered, the receiver's
+    // arrive and go unanswered; the receiver's firewall drops it too.
+    let mut sim = Sim::new();
+    let rates = [
+        steady("veth0001", 40.0),
+        steady("veth0002", 40.0),
+        one_sided("veth0001", 10.0, 15.0),
+        Rates { unanswered_out: 20, drops: 20, reason: "NETFILTER_DROP", ..burst("veth0002", 10.0, 15.0, 0) },
+    ];
+    sim.run(&["veth0001", "veth0002"], &rates, 0.0, 30.0);
+    let incidents = sim.engine.incidents();
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    let totals = &incidents[0].totals;
+    assert_eq!((totals.lost.unanswered, totals.lost.dropped["NETFILTER_DROP"], totals.lost_packets), (100, 100, 100));
+    // Each interface still shows what it saw.
+    assert!(incidents[0].interfaces.iter().all(|i| i.lost_packets == 100), "{incidents:#?}");
 }
 
 #[test]
