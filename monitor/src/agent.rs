@@ -159,7 +159,9 @@ fn spawn_sampling(
             ticker.tick().await;
             let sample = lock(&sampler).sample();
             let now = Stamp::now();
-            let updates = lock(&engine).observe(now, &sample.interfaces);
+            // Switches are judged like interfaces: their unforwarded packets are drops.
+            let observed: Vec<_> = sample.interfaces.iter().chain(&sample.switches).cloned().collect();
+            let updates = lock(&engine).observe(now, &observed);
             latest.publish(sample);
             for update in updates {
                 log_update(&update);

@@ -187,7 +187,7 @@ pub fn ifindex_of(ns: &Netns, dev: &str) -> Result<u32> {
     Ok(ns.exec(&["cat", &format!("/sys/class/net/{dev}/ifindex")])?.trim().parse()?)
 }
 
-fn mac_of(ns: &Netns, dev: &str) -> Result<String> {
+pub fn mac_of(ns: &Netns, dev: &str) -> Result<String> {
     Ok(ns.exec(&["cat", &format!("/sys/class/net/{dev}/address")])?.trim().to_string())
 }
 

@@ -250,3 +250,111 @@ fn a_fault_two_seconds_after_the_agent_is_ready_is_one_incident_counting_what_wa
     stream.stop()?;
     Ok(())
 }
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn packets_a_bridge_forwards_to_no_port_are_lost_on_the_switch() -> Result<()> {
+    use std::{
+        net::UdpSocket,
+        sync::{
+            Arc,
+            atomic::{AtomicBool, AtomicU64, Ordering},
+        },
+    };
+    require_root();
+    let host = Netns::new("dmti")?;
+    host.exec(&["ip", "link", "add", "brdm", "type", "bridge"])?;
+    host.exec(&["ip", "link", "set", "brdm", "up"])?;
+    // Two pods on one L2 segment, ports of the bridge; static neighbours, so B never speaks.
+    let mut pods = Vec::new();
+    for (n, ip) in [(0u8, "10.78.0.2"), (1, "10.78.0.3")] {
+        let ns = Netns::new("dmtp")?;
+        let veth = format!("vethbr{n}{:05x}", std::process::id() & 0xfffff);
+        host.exec(&["ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns.name])?;
+        host.exec(&["ip", "link", "set", &veth, "master", "brdm", "up"])?;
+        ns.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+        ns.exec(&["ip", "link", "set", "eth0", "up"])?;
+        pods.push((ns, veth, ip));
+    }
+    let (a, b) = (&pods[0], &pods[1]);
+    let b_mac = datapath_monitor_tests::mac_of(&b.0, "eth0")?;
+    a.0.exec(&["ip", "neigh", "replace", b.2, "lladdr", &b_mac, "dev", "eth0", "nud", "permanent"])?;
+    let state = TempDir::new("dmstate")?;
+    let dir = state.display();
+    let agent = Agent::start(&host, &["--cni-dir", &dir, "--cni-cache-dir", &dir, "--state-dir", &dir])?;
+
+    // A sends B 200 datagrams a second; the bridge has not learnt B's port, so it floods them.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, received) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let receiver = {
+        let (stop, received) = (Arc::clone(&stop), Arc::clone(&received));
+        b.0.spawn(move || -> Result<()> {
+            let socket = UdpSocket::bind("0.0.0.0:7100")?;
+            socket.set_read_timeout(Some(Duration::from_millis(100)))?;
+            let mut buffer = [0u8; 256];
+            while !stop.load(Ordering::Relaxed) {
+                if socket.recv(&mut buffer).is_ok() {
+                    received.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        })?
+    };
+    let sender = {
+        let (stop, sent, target) = (Arc::clone(&stop), Arc::clone(&sent), format!("{}:7100", b.2));
+        a.0.spawn(move || -> Result<()> {
+            let socket = UdpSocket::bind("0.0.0.0:0")?;
+            let started = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let due = (started.elapsed().as_secs_f64() * 200.0) as u64;
+                while sent.load(Ordering::Relaxed) < due {
+                    socket.send_to(&[0x5a; 64], &target)?;
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            Ok(())
+        })?
+    };
+    // The switch's baseline needs calm seconds: its count is noisy by nature.
+    thread::sleep(Duration::from_secs(8));
+    ensure!(incidents(&agent)?.is_empty(), "an incident before the fault: {:#?}", incidents(&agent)?);
+
+    // B's port stops taking flooded frames for 3 s: the bridge forwards them to no port.
+    let counts = || (sent.load(Ordering::Relaxed), received.load(Ordering::Relaxed));
+    let before = counts();
+    host.exec(&["bridge", "link", "set", "dev", &b.1, "flood", "off"])?;
+    thread::sleep(Duration::from_secs(3));
+    host.exec(&["bridge", "link", "set", "dev", &b.1, "flood", "on"])?;
+    thread::sleep(Duration::from_millis(300));
+    let after = counts();
+    let lost = (after.0 - before.0) - (after.1 - before.1);
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let all = loop {
+        let all = incidents(&agent)?;
+        if all.first().is_some_and(|i| i["active"] == false) {
+            break all;
+        }
+        ensure!(Instant::now() < deadline, "no closed incident: {all:#?}");
+        thread::sleep(Duration::from_millis(200));
+    };
+    stop.store(true, Ordering::Relaxed);
+    let _ = (sender.join(), receiver.join());
+    println!("{}", serde_json::to_string_pretty(&all)?);
+    ensure!(all.len() == 1, "expected exactly one incident: {all:#?}");
+    let interfaces = all[0]["interfaces"].as_array().context("interfaces")?;
+    let switch = interfaces.iter().find(|i| i["interface"] == "brdm").context(format!("no brdm in {all:#?}"))?;
+    let unforwarded = switch["lost"]["dropped"]["NO_OUTPUT_PORT"].as_u64().unwrap_or(0);
+    println!(
+        "datagrams A sent that B never got: {lost}; the switch's unforwarded packets in the incident: {unforwarded}"
+    );
+    ensure!(lost >= 400, "the fault lost only {lost} datagrams");
+    ensure!(unforwarded.abs_diff(lost) <= lost / 20 + 2, "unforwarded {unforwarded} vs lost {lost}");
+    let metrics = agent.metrics()?;
+    let total = metrics.value("datapath_switch_unforwarded_packets_total", &[("switch", "brdm")]);
+    ensure!(total >= unforwarded as f64, "{}", metrics.text);
+    // The same datagrams are also kernel drops on the sender's port: counted once.
+    ensure!(all[0]["totals"]["lost_packets"].as_u64() == Some(unforwarded), "{all:#?}");
+    Ok(())
+}

@@ -9,6 +9,7 @@
 //! - the sample: `datapath_packets_total`, `datapath_bytes_total`, `datapath_tcp_resets_total`,
 //!   `datapath_tcp_syn_retransmits_total`, `datapath_tcp_handshakes_total`,
 //!   `datapath_tcp_handshakes_answered_total`, `datapath_unanswered_packets_total`, `datapath_drops_total`,
+//!   `datapath_switch_unforwarded_packets_total`,
 //!   `datapath_interfaces_attached`, `datapath_bpf_program_runs_total`,
 //!   `datapath_bpf_program_run_seconds_total`, `datapath_probe_loaded`,
 //!   `datapath_bpf_map_update_errors_total`;
@@ -197,6 +198,15 @@ impl Collector for SampleCollector {
             "datapath_drops",
             "Packets the kernel dropped (kfree_skb), by device and drop reason.",
             watched_drops.chain(other_drops),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_switch_unforwarded_packets",
+            "Packets that entered a switch (bridge, OVS datapath) on a watched port and left on none, per sample entered minus left.",
+            sample.switches.iter().map(|s| {
+                let labels: Labels = vec![("switch", s.interface.as_str())];
+                (labels, s.drops.values().sum::<u64>())
+            }),
         )?;
         gauge(
             &mut encoder,
@@ -400,6 +410,11 @@ mod tests {
                 ..InterfaceSeries::default()
             }],
             other_drops: BTreeMap::from([("NOT_SPECIFIED".to_string(), 4)]),
+            switches: vec![InterfaceSeries {
+                interface: "ovs-system".into(),
+                drops: BTreeMap::from([("NO_OUTPUT_PORT".to_string(), 12)]),
+                ..InterfaceSeries::default()
+            }],
             programs: vec![ProgramRunStats { program: "tc_ingress", runs: 10, run_nanos: 1_500 }],
             attached: 1,
             ..Sample::default()
@@ -419,6 +434,7 @@ mod tests {
             r#"datapath_drops_total{interface="veth1a2b3c4d",reason="NO_SOCKET",pod_namespace="",pod=""} 7"#,
             r#"datapath_drops_total{interface="other",reason="NOT_SPECIFIED",pod_namespace="",pod=""} 4"#,
             "datapath_interfaces_attached 1",
+            r#"datapath_switch_unforwarded_packets_total{switch="ovs-system"} 12"#,
             r#"datapath_bpf_program_runs_total{program="tc_ingress"} 10"#,
             r#"datapath_bpf_program_run_seconds_total{program="tc_ingress"} 0.0000015"#,
             r#"datapath_bpf_map_update_errors_total{map="drops"} 0"#,

@@ -31,7 +31,8 @@ pub(super) const DIRECTIONS: [&str; 2] = ["ingress", "egress"];
 
 /// Drop reasons that healthy nodes see all the time: packets for other hosts on a bridge
 /// port, to closed ports (answered by a reset or an ICMP error), unknown protocols, socket
-/// filters, TCP's own state checks, and drops without a reason. Evidence only above the
+/// filters, TCP's own state checks, drops without a reason (or with one this agent cannot
+/// name), and a switch's unforwarded count, noisy by nature. Evidence only above the
 /// interface's warm baseline.
 pub fn is_benign_reason(reason: &str) -> bool {
     matches!(
@@ -52,8 +53,10 @@ pub fn is_benign_reason(reason: &str) -> bool {
             | "IP_CSUM"
             | "IP_INHDR"
             | "UNICAST_IN_L2_MULTICAST"
+            // A switch's entered-minus-left count: packets in flight across a sample make noise.
+            | crate::sampling::switches::UNFORWARDED_REASON
     ) || reason.starts_with("TCP_")
-        || reason.starts_with("reason_")
+        || reason.starts_with("REASON_")
 }
 
 /// One interface's evidence of lost packets, with the direction of what went unanswered.

@@ -10,7 +10,10 @@ use super::{
     engine::IncidentUpdate,
     record::{Cause, Incident, IncidentInterface, IncidentTotals, LostPackets},
 };
-use crate::lifecycle::clock::{Stamp, rfc3339};
+use crate::{
+    lifecycle::clock::{Stamp, rfc3339},
+    sampling::switches::UNFORWARDED_REASON,
+};
 
 /// When an incident ran, and whether it still does.
 pub(super) struct Span {
@@ -120,9 +123,14 @@ fn message(incident: &Incident, lookback: Duration) -> String {
     if t.lost.retransmitted > 0 {
         kinds.push(plural(t.lost.retransmitted, "SYN retransmit", "SYN retransmits"));
     }
-    let dropped: u64 = t.lost.dropped.values().sum();
+    let unforwarded = t.lost.dropped.get(UNFORWARDED_REASON).copied().unwrap_or(0);
+    if unforwarded > 0 {
+        kinds.push(format!("{} forwarded to no port by a switch", thousands(unforwarded)));
+    }
+    let dropped: u64 = t.lost.dropped.values().sum::<u64>() - unforwarded;
     if dropped > 0 {
-        let mut reasons: Vec<(&String, &u64)> = t.lost.dropped.iter().collect();
+        let mut reasons: Vec<(&String, &u64)> =
+            t.lost.dropped.iter().filter(|(reason, _)| reason.as_str() != UNFORWARDED_REASON).collect();
         reasons.sort_by(|a, b| b.1.cmp(a.1));
         let top: Vec<String> = reasons.iter().take(3).map(|(r, n)| format!("{r} {}", thousands(**n))).collect();
         kinds.push(format!("{} dropped: {}", thousands(dropped), top.join(", ")));

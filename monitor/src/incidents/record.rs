@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::sampling::switches::UNFORWARDED_REASON;
+
 /// One pod-network disruption across one or more interfaces.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Incident {
@@ -41,11 +43,14 @@ pub struct LostPackets {
 }
 
 impl LostPackets {
-    /// Packets lost, counted once: a packet is often both dropped and left unanswered (a
-    /// dropped SYN, a datagram a pod's firewall drops), so this is the larger of the dropped
-    /// and the not-answered (unanswered + retransmitted) counts: a lower bound.
+    /// Packets lost, counted once: a packet is often evidence twice (a dropped SYN is also
+    /// unanswered, a datagram a switch forwards to no port is also a kernel drop), so this is
+    /// the largest of the kernel's drops, the switches' unforwarded packets and the
+    /// not-answered (unanswered + retransmitted) count: a lower bound.
     pub fn packets(&self) -> u64 {
-        self.dropped.values().sum::<u64>().max(self.retransmitted + self.unanswered)
+        let unforwarded = self.dropped.get(UNFORWARDED_REASON).copied().unwrap_or(0);
+        let kernel_drops = self.dropped.values().sum::<u64>() - unforwarded;
+        kernel_drops.max(unforwarded).max(self.retransmitted + self.unanswered)
     }
 
     /// Every piece of evidence, each kind in full (what detection weighs).

@@ -646,6 +646,7 @@ proptest! {
                 prop_assert_eq!(i.drops, i.drop_reasons.values().sum::<u64>());
                 let dropped = i.lost.dropped.values().sum::<u64>();
                 prop_assert_eq!(i.lost_packets, dropped.max(i.lost.retransmitted + i.lost.unanswered));
+                prop_assert!(i.lost_packets <= i.lost.evidence());
             }
             prop_assert!(incident.causes.windows(2).all(|w| w[0].confidence >= w[1].confidence));
             prop_assert!(incident.causes.iter().all(|c| (0.0..=1.0).contains(&c.confidence)));

@@ -28,6 +28,8 @@ pub struct LinkFacts {
     pub oper_up: bool,
     /// For a veth: its peer, from IFLA_LINK (+ IFLA_LINK_NETNSID when in another netns).
     pub peer: Option<PeerLink>,
+    /// IFLA_MASTER: the switch this link is a port of (a bridge, OVS's `ovs-system`).
+    pub master: Option<u32>,
 }
 
 impl LinkFacts {
@@ -43,12 +45,13 @@ impl LinkFacts {
 
     /// Reads an RTM_NEWLINK/RTM_DELLINK message; None when it carries no name.
     pub(super) fn from_message(message: &LinkMessage) -> Option<Self> {
-        let (mut name, mut kind, mut link, mut netnsid) = (None, None, None, None);
+        let (mut name, mut kind, mut link, mut netnsid, mut master) = (None, None, None, None, None);
         for attribute in &message.attributes {
             match attribute {
                 LinkAttribute::IfName(value) => name = Some(value.clone()),
                 LinkAttribute::Link(ifindex) => link = Some(*ifindex),
                 LinkAttribute::LinkNetNsId(id) => netnsid = Some(*id),
+                LinkAttribute::Controller(ifindex) if *ifindex != 0 => master = Some(*ifindex),
                 LinkAttribute::LinkInfo(infos) => {
                     kind = infos.iter().find_map(|info| match info {
                         LinkInfo::Kind(kind) => Some(kind.to_string()),
@@ -72,6 +75,7 @@ impl LinkFacts {
             up: header.flags.contains(LinkFlags::Up),
             oper_up: header.flags.contains(LinkFlags::Running),
             peer,
+            master,
         })
     }
 }
@@ -235,6 +239,7 @@ pub(super) mod fixtures {
             up: true,
             oper_up: true,
             peer: None,
+            master: None,
         }
     }
 
@@ -273,8 +278,8 @@ mod tests {
 
     #[test]
     fn facts_come_from_the_link_message() {
-        let message =
-            link_message(9, "veth1", Some(InfoKind::Veth), vec![LinkAttribute::Link(4), LinkAttribute::LinkNetNsId(2)]);
+        let attributes = vec![LinkAttribute::Link(4), LinkAttribute::LinkNetNsId(2), LinkAttribute::Controller(3)];
+        let message = link_message(9, "veth1", Some(InfoKind::Veth), attributes);
         let facts = LinkFacts::from_message(&message).expect("has a name");
         assert_eq!(
             facts,
@@ -286,6 +291,7 @@ mod tests {
                 up: true,
                 oper_up: false,
                 peer: Some(PeerLink { ifindex: 4, netnsid: Some(2), netns_inode: None }),
+                master: Some(3),
             }
         );
         let vlan = link_message(10, "eth0.5", Some(InfoKind::Vlan), vec![LinkAttribute::Link(2)]);

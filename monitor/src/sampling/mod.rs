@@ -8,6 +8,7 @@ pub mod link_watch;
 pub mod links;
 pub mod netns;
 pub mod sampler;
+pub mod switches;
 
 use std::{io, path::PathBuf};
 

@@ -15,7 +15,10 @@ use tracing::{info, warn};
 use crate::{
     datapath::{AttachMode, Datapath, ProbeReport, ProgramRunStats},
     errors,
-    sampling::{LinkEvent, LinkFacts},
+    sampling::{
+        LinkEvent, LinkFacts,
+        switches::{Switches, link_name},
+    },
     sync,
 };
 
@@ -44,6 +47,9 @@ pub struct Sample {
     pub interfaces: Vec<InterfaceSeries>,
     /// Drops on devices that are not watched, by reason.
     pub other_drops: BTreeMap<String, u64>,
+    /// Switches with two watched ports or more: their unforwarded packets, as drops under
+    /// [`super::switches::UNFORWARDED_REASON`] (see [`super::switches`]).
+    pub switches: Vec<InterfaceSeries>,
     pub programs: Vec<ProgramRunStats>,
     pub map_errors: [u64; MAP_ERROR_SLOTS as usize],
     pub attached: usize,
@@ -137,6 +143,7 @@ pub struct Sampler {
     pods: Option<Arc<dyn PodSource>>,
     /// Answers of `pods` per (ifindex, name), valid while its generation holds.
     pod_cache: Mutex<PodCache>,
+    switches: Switches,
 }
 
 impl Sampler {
@@ -154,6 +161,7 @@ impl Sampler {
             map_errors_reported: [0; MAP_ERROR_SLOTS as usize],
             pods: None,
             pod_cache: Mutex::new(HashMap::new()),
+            switches: Switches::default(),
         }
     }
 
@@ -353,6 +361,12 @@ impl Sampler {
             interfaces.push(self.series_for(link, counters, &kernel.drops));
         }
         interfaces.extend(self.retired.iter().map(|r| r.series.clone()));
+        let ports = self
+            .watched
+            .values()
+            .filter(|(_, mode, _)| mode.is_some())
+            .map(|(link, _, _)| (link, kernel.interfaces.get(&link.ifindex).copied().unwrap_or_default()));
+        let switches = self.switches.observe(ports, link_name);
 
         let mut other_drops = self.other_carried.clone();
         for (key, count) in &kernel.drops {
@@ -366,6 +380,7 @@ impl Sampler {
             at: Some(SystemTime::now()),
             interfaces,
             other_drops,
+            switches,
             programs: kernel.programs,
             map_errors: kernel.map_errors,
             attached: self.datapath.attached_count(),
