@@ -137,6 +137,7 @@ impl Sim {
                             egress: DirectionCounters { packets: total.packets[1] as u64, ..Default::default() },
                         },
                         drops,
+                        tcp_retransmits: 0,
                         removed: false,
                         is_pod_veth: !name.starts_with("tun"),
                     }
