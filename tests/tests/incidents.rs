@@ -160,7 +160,10 @@ fn steady_traffic_that_stops_is_idle_not_an_incident() -> Result<()> {
     let metrics = agent.metrics()?;
     ensure!(unanswered(&metrics, &pod.veth, "ingress") == 0.0, "{}", metrics.text);
     ensure!(unanswered(&metrics, &pod.veth, "egress") == 0.0, "{}", metrics.text);
-    ensure!(sent >= 5 * RATE && echoed + 2 >= sent, "the echo stream itself lost packets: {sent} sent, {echoed} echoed");
+    ensure!(
+        sent >= 5 * RATE && echoed + 2 >= sent,
+        "the echo stream itself lost packets: {sent} sent, {echoed} echoed"
+    );
     println!("6 s of echoed ({sent} sent, {echoed} echoed) and one-way traffic, then idle: no incident, 0 unanswered");
     Ok(())
 }
