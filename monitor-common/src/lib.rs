@@ -162,6 +162,20 @@ pub struct DropKey {
 /// Reason recorded on kernels whose `kfree_skb` tracepoint has no reason field.
 pub const DROP_REASON_UNKNOWN: u32 = u32::MAX;
 
+/// Key of [`RETRANSMITS_MAP`]: TCP data segments retransmitted by sockets of one network
+/// namespace to one destination address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RetransmitKey {
+    /// Inode number of the socket's network namespace (0: unreadable).
+    pub netns: u32,
+    /// `AF_INET` (2) or `AF_INET6` (10).
+    pub family: u16,
+    pub _pad: u16,
+    /// The peer's address; IPv4 addresses use the first four bytes, the rest stay zero.
+    pub daddr: [u8; 16],
+}
+
 /// `AF_INET` and `AF_INET6`, as the kernel numbers them.
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
@@ -175,7 +189,8 @@ pub const MAP_ERROR_INTERFACE_INSERT: u32 = 1;
 pub const MAP_ERROR_FLOWS_INSERT: u32 = 2;
 /// The process event ring buffer was full: a lifecycle event was lost.
 pub const MAP_ERROR_PROCESS_EVENTS: u32 = 3;
-pub const MAP_ERROR_SLOTS: u32 = 4;
+pub const MAP_ERROR_RETRANSMITS: u32 = 4;
+pub const MAP_ERROR_SLOTS: u32 = 5;
 
 /// Map names, as the agent looks them up.
 pub const INTERFACE_COUNTERS_MAP: &str = "INTERFACE_COUNTERS";
@@ -186,6 +201,7 @@ pub const CONVERSATIONS_MAP: &str = "CONVERSATIONS";
 pub const MAP_ERRORS_MAP: &str = "MAP_ERRORS";
 pub const SDN_COMMS_MAP: &str = "SDN_COMMS";
 pub const PROCESS_EVENTS_MAP: &str = "PROCESS_EVENTS";
+pub const RETRANSMITS_MAP: &str = "RETRANSMITS";
 
 /// Default sizes; the agent may override them at load time.
 pub const INTERFACE_COUNTERS_MAX: u32 = 4096;
@@ -196,6 +212,7 @@ pub const FLOWS_MAX: u32 = 65_536;
 /// Slots of [`CONVERSATIONS_MAP`] (a power of two: the kernel's modulo is a mask).
 pub const CONVERSATIONS_MAX: u32 = 16_384;
 pub const DROPS_MAX: u32 = 16_384;
+pub const RETRANSMITS_MAX: u32 = 4096;
 /// How many process names the kernel filter holds.
 pub const SDN_COMMS_MAX: u32 = 64;
 /// Bytes of the process event ring buffer (a power of two, a multiple of the page size).
@@ -209,6 +226,8 @@ pub const KFREE_SKB_TRACEPOINT_PROGRAM: &str = "kfree_skb_tp";
 /// On `sched:sched_process_exec` and `sched:sched_process_exit`.
 pub const PROCESS_EXEC_PROGRAM: &str = "process_exec";
 pub const PROCESS_EXIT_PROGRAM: &str = "process_exit";
+/// On `tp_btf/tcp_retransmit_skb`.
+pub const TCP_RETRANSMIT_PROGRAM: &str = "tcp_retransmit";
 
 /// Globals set by the agent at load time with kernel offsets resolved from BTF.
 pub const GLOBAL_SKB_DEV_OFFSET: &str = "SKB_DEV_OFFSET";
@@ -228,6 +247,19 @@ pub const GLOBAL_TASK_COMM_OFFSET: &str = "TASK_COMM_OFFSET";
 pub const GLOBAL_SIGNAL_GROUP_EXIT_CODE_OFFSET: &str = "SIGNAL_GROUP_EXIT_CODE_OFFSET";
 pub const GLOBAL_TASK_REAL_PARENT_OFFSET: &str = "TASK_REAL_PARENT_OFFSET";
 pub const GLOBAL_TASK_TGID_OFFSET: &str = "TASK_TGID_OFFSET";
+/// Offsets the retransmit tracer follows from `struct sock *` (its `struct sock_common`).
+pub const GLOBAL_SK_NET_OFFSET: &str = "SK_NET_OFFSET";
+pub const GLOBAL_SK_STATE_OFFSET: &str = "SK_STATE_OFFSET";
+pub const GLOBAL_SK_FAMILY_OFFSET: &str = "SK_FAMILY_OFFSET";
+pub const GLOBAL_SK_DADDR_OFFSET: &str = "SK_DADDR_OFFSET";
+pub const GLOBAL_SK_V6_DADDR_OFFSET: &str = "SK_V6_DADDR_OFFSET";
+/// Offsets to a retransmitted skb's segment count: `sk_buff.cb`, and `tcp_gso_segs` in the
+/// `struct tcp_skb_cb` that TCP keeps there.
+pub const GLOBAL_SKB_CB_OFFSET: &str = "SKB_CB_OFFSET";
+pub const GLOBAL_TCP_CB_GSO_SEGS_OFFSET: &str = "TCP_CB_GSO_SEGS_OFFSET";
+/// Non-zero when `tcp_retransmit_skb` carries an `err` argument (6.13+) and so also fires
+/// for retransmits that failed.
+pub const GLOBAL_RETRANSMIT_HAS_ERR: &str = "RETRANSMIT_HAS_ERR";
 /// Offset of `group_dead` in the `sched:sched_process_exit` record, from its format file
 /// (0: the field does not exist, as on 6.1; the program then reads `task->signal->live`).
 pub const GLOBAL_TP_GROUP_DEAD_OFFSET: &str = "TP_GROUP_DEAD_OFFSET";
@@ -270,6 +302,7 @@ mod user {
     unsafe impl aya::Pod for DropKey {}
     unsafe impl aya::Pod for Conversation {}
     unsafe impl aya::Pod for ProcessEvent {}
+    unsafe impl aya::Pod for RetransmitKey {}
 }
 
 #[cfg(test)]
@@ -289,6 +322,7 @@ mod tests {
         assert_eq!(size_of::<FlowKey>(), 4 + 2 + 2 + 16 + 16 + 2 + 2);
         assert_eq!(size_of::<FlowState>(), 16);
         assert_eq!(size_of::<DropKey>(), 16);
+        assert_eq!(size_of::<RetransmitKey>(), 4 + 2 + 2 + 16);
         assert_eq!(size_of::<ProcessEvent>(), 8 + 4 * 4 + COMM_LEN);
     }
 }

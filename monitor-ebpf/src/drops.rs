@@ -25,7 +25,7 @@ static DEV_IFINDEX_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static DEV_NET_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
-static NET_INUM_OFFSET: u32 = 0;
+pub(crate) static NET_INUM_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TP_SKBADDR_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]

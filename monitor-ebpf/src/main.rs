@@ -1,11 +1,13 @@
-//! datapath-monitor's kernel programs: packet counters on watched interfaces and a
-//! drop tracer. Per-packet work is O(1): look up, increment in place.
+//! datapath-monitor's kernel programs: packet counters on watched interfaces, a drop
+//! tracer, a process tracer and a TCP retransmit tracer. Per-packet work is O(1): look up,
+//! increment in place.
 #![no_std]
 #![no_main]
 
 mod drops;
 mod packets;
 mod process;
+mod retransmits;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -2,7 +2,12 @@
 //! Each test builds its own namespaces; counts are exact.
 
 use std::{
+    io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -226,6 +231,97 @@ fn syn_retransmits_into_a_drop_rule_are_counted_and_healthy_connects_are_not() -
     Ok(())
 }
 
+/// The kernel's own count of TCP segments retransmitted by the sockets of `ns`.
+fn tcp_retrans_segs(ns: &Netns) -> Result<u64> {
+    // -a absolute, -s leaving nstat's history file alone, -z zeros included.
+    let listing = ns.exec(&["nstat", "-asz", "TcpRetransSegs"])?;
+    let line = listing
+        .lines()
+        .find(|l| l.starts_with("TcpRetransSegs"))
+        .ok_or_else(|| anyhow::anyhow!("no TcpRetransSegs in nstat output:\n{listing}"))?;
+    Ok(line.split_whitespace().nth(1).unwrap_or_default().parse()?)
+}
+
+/// Writes 1000 bytes every 10 ms to `to` until `stop`, then closes; returns the bytes sent.
+fn send_tcp_steadily(to: SocketAddr, stop: Arc<AtomicBool>) -> Result<usize> {
+    let mut stream = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+    let mut sent = 0;
+    while !stop.load(Ordering::Relaxed) {
+        stream.write_all(&[0x5a; 1000])?;
+        sent += 1000;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(sent)
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn data_retransmits_are_counted_as_the_pods_kernel_counts_them_and_healthy_traffic_has_none() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmth")?;
+    let pod = Pod::new(&host, 9)?;
+    let agent = Agent::start(&host, &[])?;
+    let interface = [("interface", pod.veth.as_str())];
+    let m = agent.wait_metrics("retransmit series", |m| m.has("datapath_tcp_retransmits_total", &interface))?;
+    assert_eq!(m.value("datapath_probe_loaded", &[("probe", "tcp_retransmit")]), 1.0, "{}", m.text);
+    let readyz = agent.get_json("/readyz")?;
+    ensure!(readyz["probes"]["probes"]["tcp_retransmit"] == "tp_btf", "{readyz}");
+    let before = tcp_retrans_segs(&pod.ns)?;
+
+    // The host reads everything the pod sends, to the end.
+    let port = 7100;
+    let listener = host.run(move || TcpListener::bind(("0.0.0.0", port)))??;
+    let reader = std::thread::spawn(move || -> std::io::Result<usize> {
+        let (mut stream, _) = listener.accept()?;
+        let (mut buffer, mut received) = (vec![0; 65536], 0);
+        loop {
+            match stream.read(&mut buffer)? {
+                0 => return Ok(received),
+                n => received += n,
+            }
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let target = addr(&pod.host_ip, port);
+    let sender = {
+        let stop = Arc::clone(&stop);
+        let pod_ns = Netns::existing(&pod.ns.name);
+        std::thread::spawn(move || pod_ns.run(move || send_tcp_steadily(target, stop)))
+    };
+
+    // Healthy: 2 s of steady data, nothing retransmitted.
+    std::thread::sleep(Duration::from_secs(2));
+    settle();
+    let m = agent.metrics()?;
+    assert_eq!(tcp_retrans_segs(&pod.ns)?, before, "the healthy connection retransmitted");
+    assert_eq!(m.value("datapath_tcp_retransmits_total", &interface), 0.0, "{}", m.text);
+
+    // Lossy: the host drops the connection's data segments (ACKs pass, as did the handshake)
+    // for 3 s; the pod's socket retransmits until the rule is gone.
+    let rule = ["-i", &pod.veth, "-p", "tcp", "--dport", "7100", "-m", "length", "--length", "100:65535", "-j", "DROP"];
+    host.exec(&[&["iptables", "-I", "INPUT"][..], &rule].concat())?;
+    std::thread::sleep(Duration::from_secs(3));
+    host.exec(&[&["iptables", "-D", "INPUT"][..], &rule].concat())?;
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let sent = sender.join().map_err(|_| anyhow::anyhow!("sender panicked"))???;
+    // Everything arrived: the socket has nothing left to retransmit.
+    let received = reader.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
+    assert_eq!(received, sent, "the connection lost data");
+
+    let retransmitted = tcp_retrans_segs(&pod.ns)? - before;
+    assert!(retransmitted > 0, "the DROP rule caused no retransmit");
+    let counted = |m: &Metrics| m.value("datapath_tcp_retransmits_total", &interface);
+    agent.wait_metrics("retransmits", |m| counted(m) >= retransmitted as f64)?;
+    settle();
+    let m = agent.metrics()?;
+    eprintln!("TcpRetransSegs of the pod's netns: {retransmitted}; agent: {}", counted(&m));
+    assert_eq!(counted(&m), retransmitted as f64, "{}", m.text);
+    // Data retransmits only: the tc programs' SYN retransmit count did not move.
+    assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &interface), 0.0, "{}", m.text);
+    Ok(())
+}
+
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
 fn udp_to_closed_ports_counts_no_socket_drops_on_both_sides() -> Result<()> {
@@ -413,6 +509,7 @@ fn metrics_are_valid_openmetrics_with_every_family() -> Result<()> {
         "datapath_drops",
         "datapath_tcp_resets",
         "datapath_tcp_syn_retransmits",
+        "datapath_tcp_retransmits",
         "datapath_interfaces_attached",
         "datapath_bpf_program_runs",
         "datapath_bpf_program_run_seconds",

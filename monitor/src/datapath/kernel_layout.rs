@@ -1,5 +1,5 @@
-//! What the drop tracer needs to know about this kernel, read at run time: struct
-//! offsets and drop reason names from BTF, and the classic tracepoint's record layout.
+//! What the drop and retransmit tracers need to know about this kernel, read at run time:
+//! struct offsets and drop reason names from BTF, and the classic tracepoint's record layout.
 //!
 //! rustc emits no CO-RE relocations, so offsets resolved here reach the programs as globals.
 
@@ -24,6 +24,61 @@ pub struct DropTracerOffsets {
     pub net_inum: u32,
 }
 
+/// Byte offsets the retransmit tracer follows from `struct sock *` (through its leading
+/// `struct sock_common`) and from the retransmitted `struct sk_buff *`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SocketOffsets {
+    /// `sock_common.skc_net.net`.
+    pub net: u32,
+    /// `sock_common.skc_state`.
+    pub state: u32,
+    /// `sock_common.skc_family`.
+    pub family: u32,
+    /// `sock_common.skc_daddr` (inside anonymous unions).
+    pub daddr: u32,
+    /// `sock_common.skc_v6_daddr`.
+    pub v6_daddr: u32,
+    /// `sk_buff.cb`, where TCP keeps its `struct tcp_skb_cb`.
+    pub skb_cb: u32,
+    /// `tcp_skb_cb.tcp_gso_segs`: the skb's segment count.
+    pub gso_segs: u32,
+    /// The `tcp_retransmit_skb` tracepoint has an `err` argument (6.13+).
+    pub has_err: bool,
+}
+
+impl SocketOffsets {
+    pub fn resolve(btf: &Btf) -> Result<Self, DatapathError> {
+        // struct sock begins with its sock_common; the sum keeps us honest if it ever moves.
+        let common = member_offset(btf, "sock", &["__sk_common"])?;
+        let field = |path: &[&str]| member_offset(btf, "sock_common", path).map(|offset| common + offset);
+        Ok(Self {
+            net: field(&["skc_net", "net"])?,
+            state: field(&["skc_state"])?,
+            family: field(&["skc_family"])?,
+            daddr: field(&["skc_daddr"])?,
+            v6_daddr: field(&["skc_v6_daddr"])?,
+            skb_cb: member_offset(btf, "sk_buff", &["cb"])?,
+            gso_segs: member_offset(btf, "tcp_skb_cb", &["tcp_gso_segs"])?,
+            has_err: tracepoint_arguments(btf, "tcp_retransmit_skb")? >= 3,
+        })
+    }
+}
+
+/// Arguments of a tp_btf tracepoint, from its `btf_trace_<name>` typedef (whose function
+/// prototype has a leading `void *` context besides the tracepoint's own arguments).
+fn tracepoint_arguments(btf: &Btf, name: &str) -> Result<usize, DatapathError> {
+    let typedef = format!("btf_trace_{name}");
+    let missing = || btf_error(typedef.clone());
+    let types = btf.resolve_types_by_name(&typedef).map_err(|_| missing())?;
+    let Some(Type::Typedef(typedef_type)) = types.into_iter().find(|t| matches!(t, Type::Typedef(_))) else {
+        return Err(missing());
+    };
+    let pointer = btf.resolve_chained_type(&typedef_type).map_err(|_| missing())?;
+    let Type::Ptr(pointer) = pointer else { return Err(missing()) };
+    let Ok(Type::FuncProto(prototype)) = btf.resolve_chained_type(&pointer) else { return Err(missing()) };
+    Ok(prototype.parameters.len().saturating_sub(1))
+}
+
 /// Layout of the classic `skb:kfree_skb` tracepoint record, from its format file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TracepointLayout {
@@ -35,6 +90,8 @@ pub struct TracepointLayout {
 /// Kernel facts from BTF.
 pub struct KernelLayout {
     pub offsets: DropTracerOffsets,
+    /// Why not, when the retransmit tracer cannot run on this kernel: then only it is skipped.
+    pub socket_offsets: Result<SocketOffsets, String>,
     /// `enum skb_drop_reason` (plus subsystem enums such as OVS's), prefix stripped.
     pub drop_reasons: BTreeMap<u32, String>,
     pub btf: Btf,
@@ -56,8 +113,9 @@ impl KernelLayout {
             dev_net: member_offset(&btf, "net_device", &["nd_net", "net"])?,
             net_inum: member_offset(&btf, "net", &["ns", "inum"])?,
         };
+        let socket_offsets = SocketOffsets::resolve(&btf).map_err(|error| crate::errors::chain(&error));
         let drop_reasons = drop_reasons(&btf);
-        Ok(Self { offsets, drop_reasons, btf })
+        Ok(Self { offsets, socket_offsets, drop_reasons, btf })
     }
 
     /// Drop reasons exist since 5.17, together with the tracepoint's reason argument.
@@ -271,5 +329,29 @@ format:
         assert_eq!(layout.drop_reasons.get(&2).map(String::as_str), Some("NOT_SPECIFIED"));
         assert!(layout.drop_reasons.values().any(|r| r == "NO_SOCKET"));
         assert!(layout.drop_reasons.values().any(|r| r == "NETFILTER_DROP"));
+    }
+
+    /// The retransmit tracer's offsets on this machine's kernel, checked against facts of
+    /// `struct sock_common` that hold on every 64-bit kernel since 4.x.
+    #[test]
+    fn resolves_socket_offsets_from_running_kernel() {
+        if !Path::new(VMLINUX_BTF).exists() {
+            eprintln!("no {VMLINUX_BTF}: skipped");
+            return;
+        }
+        let layout = KernelLayout::from_vmlinux().unwrap();
+        let sock = layout.socket_offsets.unwrap();
+        // skc_addrpair (skc_daddr, then skc_rcv_saddr) opens the struct.
+        assert_eq!(sock.daddr, 0);
+        // After the address pair (8), the hash (4) and the port pair (4).
+        assert_eq!(sock.family, 16);
+        assert_eq!(sock.state, 18);
+        assert!(sock.net > sock.state, "{sock:?}");
+        assert!(sock.v6_daddr > sock.net, "{sock:?}");
+        assert!(sock.skb_cb > 0, "{sock:?}");
+        // tcp_skb_cb: seq (4), end_seq (4), then tcp_gso_segs.
+        assert_eq!(sock.gso_segs, 8);
+        // This kernel (6.18) passes err to the tracepoint.
+        assert!(sock.has_err);
     }
 }

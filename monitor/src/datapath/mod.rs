@@ -1,6 +1,6 @@
 //! The kernel programs: [`Datapath::load`] loads them and attaches the drop tracer,
 //! [`Datapath::attach`] hangs the tc programs on an interface (`tc.rs`), [`Datapath::read`]
-//! sums their per-CPU maps, and [`Datapath::start_process_probe`] starts the process tracer,
+//! sums their per-CPU maps (packet, drop and TCP retransmit counters), and [`Datapath::start_process_probe`] starts the process tracer,
 //! whose ring buffer records come out decoded ([`process_probe`]). Which probe variant each
 //! kernel supports is said in [`probes`]; struct offsets and drop reason names come from the
 //! kernel's BTF ([`kernel_layout`]).
@@ -23,16 +23,19 @@ use aya::{
 };
 use monitor_common::{
     DROPS_MAP, DropKey, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_NET_INUM_OFFSET,
-    GLOBAL_SKB_DEV_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET, INTERFACE_COUNTERS_MAP,
+    GLOBAL_RETRANSMIT_HAS_ERR, GLOBAL_SK_DADDR_OFFSET, GLOBAL_SK_FAMILY_OFFSET, GLOBAL_SK_NET_OFFSET,
+    GLOBAL_SK_STATE_OFFSET, GLOBAL_SK_V6_DADDR_OFFSET, GLOBAL_SKB_CB_OFFSET, GLOBAL_SKB_DEV_OFFSET,
+    GLOBAL_TCP_CB_GSO_SEGS_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET, INTERFACE_COUNTERS_MAP,
     INTERFACE_SLOTS_MAP, InterfaceCounters, InterfaceSlot, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM,
-    MAP_ERROR_SLOTS, MAP_ERRORS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM, TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM,
+    MAP_ERROR_SLOTS, MAP_ERRORS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM, RETRANSMITS_MAP, RetransmitKey,
+    TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM, TCP_RETRANSMIT_PROGRAM,
 };
 use tracing::{debug, info, warn};
 
 pub use self::probes::{AttachMode, DropTracerChoice, ProbeReport, TcAttachChoice};
 use self::{
     kernel_layout::{KernelLayout, read_kfree_skb_format},
-    probes::{DROP_PROBE, TC_PROBE, attach_drop_tracer},
+    probes::{DROP_PROBE, RETRANSMIT_PROBE, TC_PROBE, attach_drop_tracer, attach_retransmit_tracer},
     process_probe::ProcessTracerOffsets,
     tc::AttachedInterface,
 };
@@ -93,6 +96,9 @@ pub struct ProgramRunStats {
 pub struct KernelCounters {
     pub interfaces: BTreeMap<u32, InterfaceCounters>,
     pub drops: Vec<(DropKey, u64)>,
+    /// TCP data segments retransmitted, by (socket netns, destination); empty when the
+    /// retransmit tracer is unsupported.
+    pub retransmits: Vec<(RetransmitKey, u64)>,
     pub programs: Vec<ProgramRunStats>,
     /// Kernel-side map updates that failed, by `MAP_ERROR_*` slot.
     pub map_errors: [u64; MAP_ERROR_SLOTS as usize],
@@ -103,6 +109,7 @@ pub struct Datapath {
     interface_counters: PerCpuHashMap<MapData, u32, InterfaceCounters>,
     interface_slots: PerCpuArray<MapData, InterfaceSlot>,
     drops: PerCpuHashMap<MapData, DropKey, u64>,
+    retransmits: PerCpuHashMap<MapData, RetransmitKey, u64>,
     map_errors: PerCpuArray<MapData, u64>,
     attached: BTreeMap<u32, AttachedInterface>,
     /// None until the first attach tells whether tcx works here.
@@ -126,7 +133,7 @@ impl Datapath {
         let has_reason = u32::from(layout.has_drop_reasons());
         // Parsed kernel BTF takes tens of MiB: one parse each (btf-rs for offsets, aya's for
         // loading), each freed as soon as it has served, keeps the start-up peak down.
-        let KernelLayout { offsets, drop_reasons, btf } = layout;
+        let KernelLayout { offsets, socket_offsets, drop_reasons, btf } = layout;
         let tracepoint_layout = read_kfree_skb_format();
         let (tp_skbaddr, tp_reason) = match &tracepoint_layout {
             Ok(tp) => (tp.skbaddr, tp.reason.unwrap_or(0)),
@@ -137,6 +144,9 @@ impl Datapath {
         let process_offsets = ProcessTracerOffsets::resolve(&btf).map_err(|error| errors::chain(&error));
         drop(btf);
         let zero_offsets = ProcessTracerOffsets::default();
+        // Unresolved, they only disable the retransmit tracer (its globals stay zero).
+        let sock = socket_offsets.as_ref().copied().unwrap_or_default();
+        let retransmit_has_err = u32::from(sock.has_err);
 
         let kernel_btf = aya::Btf::from_sys_fs();
         let mut loader = EbpfLoader::new();
@@ -150,6 +160,14 @@ impl Datapath {
             .override_global(GLOBAL_TP_SKBADDR_OFFSET, &tp_skbaddr, true)
             .override_global(GLOBAL_TP_REASON_OFFSET, &tp_reason, true)
             .override_global(GLOBAL_HAS_REASON, &has_reason, true)
+            .override_global(GLOBAL_SK_NET_OFFSET, &sock.net, true)
+            .override_global(GLOBAL_SK_STATE_OFFSET, &sock.state, true)
+            .override_global(GLOBAL_SK_FAMILY_OFFSET, &sock.family, true)
+            .override_global(GLOBAL_SK_DADDR_OFFSET, &sock.daddr, true)
+            .override_global(GLOBAL_SK_V6_DADDR_OFFSET, &sock.v6_daddr, true)
+            .override_global(GLOBAL_SKB_CB_OFFSET, &sock.skb_cb, true)
+            .override_global(GLOBAL_TCP_CB_GSO_SEGS_OFFSET, &sock.gso_segs, true)
+            .override_global(GLOBAL_RETRANSMIT_HAS_ERR, &retransmit_has_err, true)
             .load(PROGRAMS_OBJECT)
             .map_err(Box::new)?;
 
@@ -161,7 +179,22 @@ impl Datapath {
         // Becomes "tcx" or "clsact" at the first attach.
         probes.probes.insert(TC_PROBE, Some("loaded".into()));
 
-        match attach_drop_tracer(&mut ebpf, kernel_btf, options.drop_tracer) {
+        let retransmit_tracer = match &socket_offsets {
+            Ok(_) => attach_retransmit_tracer(&mut ebpf, kernel_btf.as_ref()),
+            Err(error) => Err(format!("socket offsets: {error}")),
+        };
+        match retransmit_tracer {
+            Ok(variant) => {
+                info!(variant, "retransmit tracer attached");
+                probes.probes.insert(RETRANSMIT_PROBE, Some(variant.to_string()));
+            }
+            Err(reasons) => {
+                warn!(%reasons, "retransmit tracer unsupported on this kernel; TCP retransmits are not counted");
+                probes.probes.insert(RETRANSMIT_PROBE, None);
+                probes.errors.insert(RETRANSMIT_PROBE, reasons);
+            }
+        }
+        match attach_drop_tracer(&mut ebpf, kernel_btf.as_ref(), options.drop_tracer) {
             Ok(variant) => {
                 info!(variant, "drop tracer attached");
                 probes.probes.insert(DROP_PROBE, Some(variant.to_string()));
@@ -188,6 +221,7 @@ impl Datapath {
         let interface_counters = take_map(&mut ebpf, INTERFACE_COUNTERS_MAP)?;
         let interface_slots = take_map(&mut ebpf, INTERFACE_SLOTS_MAP)?;
         let drops = take_map(&mut ebpf, DROPS_MAP)?;
+        let retransmits = take_map(&mut ebpf, RETRANSMITS_MAP)?;
         let map_errors = take_map(&mut ebpf, MAP_ERRORS_MAP)?;
         let nr_cpus = aya::util::nr_cpus().map_err(|(_, error)| DatapathError::Map {
             name: "nr_cpus",
@@ -198,6 +232,7 @@ impl Datapath {
             interface_counters,
             interface_slots,
             drops,
+            retransmits,
             map_errors,
             attached: BTreeMap::new(),
             tc_mode: match options.tc_attach {
@@ -251,10 +286,31 @@ impl Datapath {
         drops
     }
 
+    /// Removes retransmit entries that no longer belong to anyone, after their final read.
+    pub fn forget_retransmits<F: Fn(&RetransmitKey) -> bool>(&mut self, gone: F) {
+        let keys: Vec<RetransmitKey> = self.retransmits.keys().filter_map(Result::ok).filter(|k| gone(k)).collect();
+        for key in keys {
+            let _ = self.retransmits.remove(&key);
+        }
+    }
+
+    /// TCP data retransmit counters by (socket netns, family, destination), summed over CPUs.
+    pub fn read_retransmits(&self) -> Vec<(RetransmitKey, u64)> {
+        let mut retransmits = Vec::new();
+        for entry in self.retransmits.iter() {
+            match entry {
+                Ok((key, values)) => retransmits.push((key, values.iter().sum())),
+                Err(error) => debug!(%error, "reading retransmit counters"),
+            }
+        }
+        retransmits
+    }
+
     /// Reads every counter the kernel keeps, summed over CPUs.
     pub fn read(&self) -> KernelCounters {
         let mut counters = KernelCounters { interfaces: self.read_interfaces(), ..KernelCounters::default() };
         counters.drops = self.read_drops();
+        counters.retransmits = self.read_retransmits();
         for (slot, total) in counters.map_errors.iter_mut().enumerate() {
             if let Ok(values) = self.map_errors.get(&(slot as u32), 0) {
                 *total = values.iter().sum();
@@ -304,6 +360,7 @@ fn known_program(name: &str) -> Option<&'static str> {
         KFREE_SKB_TRACEPOINT_PROGRAM,
         PROCESS_EXEC_PROGRAM,
         PROCESS_EXIT_PROGRAM,
+        TCP_RETRANSMIT_PROGRAM,
     ]
     .into_iter()
     .find(|known| *known == name)

@@ -5,6 +5,7 @@
 //! | `tc` | tcx link, first in the chain; clsact qdisc filter | tcx >= 6.6; clsact on all |
 //! | `kfree_skb` | `tp_btf/kfree_skb`; classic `skb:kfree_skb` tracepoint | tp_btf with BTF; drop reasons >= 5.17 |
 //! | `sched_process` | classic `sched:sched_process_exec`/`exit` tracepoints | ring buffer >= 5.8; `group_dead` on recent kernels, else `signal->live` |
+//! | `tcp_retransmit` | `tp_btf/tcp_retransmit_skb` only | tp_btf with BTF (>= 5.5); failed retransmits told apart (`err`) >= 6.13 |
 //!
 //! A probe this kernel cannot run is reported (`/readyz`, `datapath_probe_loaded`) and
 //! skipped; the others keep working.
@@ -15,7 +16,7 @@ use aya::{
     Ebpf,
     programs::{BtfTracePoint, TracePoint},
 };
-use monitor_common::{KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM};
+use monitor_common::{KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM, TCP_RETRANSMIT_PROGRAM};
 use serde::Serialize;
 use tracing::debug;
 
@@ -28,6 +29,8 @@ pub const TC_PROBE: &str = "tc";
 pub const DROP_PROBE: &str = "kfree_skb";
 /// The SDN process tracer.
 pub const PROCESS_PROBE: &str = "sched_process";
+/// The TCP data retransmit tracer.
+pub const RETRANSMIT_PROBE: &str = "tcp_retransmit";
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -71,7 +74,7 @@ pub struct ProbeReport {
 /// tp_btf first (cheaper, typed), else the classic tracepoint. Returns the variant used.
 pub(super) fn attach_drop_tracer(
     ebpf: &mut Ebpf,
-    kernel_btf: Result<aya::Btf, aya::BtfError>,
+    kernel_btf: Result<&aya::Btf, &aya::BtfError>,
     choice: DropTracerChoice,
 ) -> Result<&'static str, String> {
     let btf_error = match kernel_btf {
@@ -79,7 +82,7 @@ pub(super) fn attach_drop_tracer(
         Ok(btf) => {
             let attached = program_mut::<BtfTracePoint>(ebpf, KFREE_SKB_BTF_PROGRAM).and_then(|program| {
                 program
-                    .load("kfree_skb", &btf)
+                    .load("kfree_skb", btf)
                     .and_then(|()| program.attach().map(drop))
                     .map_err(|source| DatapathError::Program { name: KFREE_SKB_BTF_PROGRAM, source: Box::new(source) })
             });
@@ -88,7 +91,7 @@ pub(super) fn attach_drop_tracer(
                 Err(error) => errors::chain(&error),
             }
         }
-        Err(error) => errors::chain(&error),
+        Err(error) => errors::chain(error),
     };
     if choice == DropTracerChoice::TpBtf {
         return Err(format!("tp_btf: {btf_error}"));
@@ -104,4 +107,21 @@ pub(super) fn attach_drop_tracer(
         Ok(()) => Ok("tracepoint"),
         Err(error) => Err(format!("tp_btf: {btf_error}; tracepoint: {}", errors::chain(&error))),
     }
+}
+
+/// tp_btf only: the classic tracepoint's record has no network namespace. Returns the variant.
+pub(super) fn attach_retransmit_tracer(
+    ebpf: &mut Ebpf,
+    kernel_btf: Result<&aya::Btf, &aya::BtfError>,
+) -> Result<&'static str, String> {
+    let btf = kernel_btf.map_err(|error| format!("tp_btf: {}", errors::chain(error)))?;
+    program_mut::<BtfTracePoint>(ebpf, TCP_RETRANSMIT_PROGRAM)
+        .and_then(|program| {
+            program
+                .load("tcp_retransmit_skb", btf)
+                .and_then(|()| program.attach().map(drop))
+                .map_err(|source| DatapathError::Program { name: TCP_RETRANSMIT_PROGRAM, source: Box::new(source) })
+        })
+        .map(|()| "tp_btf")
+        .map_err(|error| format!("tp_btf: {}", errors::chain(&error)))
 }

@@ -7,7 +7,7 @@
 //! Three collectors, one per source:
 //!
 //! - the sample: `datapath_packets_total`, `datapath_bytes_total`, `datapath_tcp_resets_total`,
-//!   `datapath_tcp_syn_retransmits_total`, `datapath_tcp_handshakes_total`,
+//!   `datapath_tcp_syn_retransmits_total`, `datapath_tcp_retransmits_total`, `datapath_tcp_handshakes_total`,
 //!   `datapath_tcp_handshakes_answered_total`, `datapath_unanswered_packets_total`, `datapath_drops_total`,
 //!   `datapath_switch_unforwarded_packets_total`,
 //!   `datapath_interfaces_attached`, `datapath_bpf_program_runs_total`,
@@ -31,6 +31,7 @@ use prometheus_client::{
 };
 
 use crate::{
+    datapath::probes::RETRANSMIT_PROBE,
     incidents::engine::SharedEngine,
     lifecycle::{Lifecycle, cni::CniDirSnapshot, pods::PodIndex},
     sampling::sampler::{LatestSample, OTHER_INTERFACE, map_error_name},
@@ -176,6 +177,27 @@ impl Collector for SampleCollector {
                 ];
                 (labels, s.counters.ingress.syn_retransmits + s.counters.egress.syn_retransmits)
             }),
+        )?;
+        // Without the retransmit tracer nothing is counted: no series rather than zeros.
+        let retransmits_counted = sample.probes.probes.get(RETRANSMIT_PROBE).is_some_and(Option::is_some);
+        let watched_retransmits = sample.interfaces.iter().map(|s| {
+            let labels: Labels = vec![
+                ("interface", s.interface.as_str()),
+                ("pod_namespace", s.pod_namespace.as_str()),
+                ("pod", s.pod.as_str()),
+            ];
+            (labels, s.tcp_retransmits)
+        });
+        let other_retransmits = std::iter::once((
+            vec![("interface", OTHER_INTERFACE), ("pod_namespace", ""), ("pod", "")],
+            sample.other_tcp_retransmits,
+        ));
+        counter(
+            &mut encoder,
+            "datapath_tcp_retransmits",
+            "TCP data segments retransmitted by sockets of this pod's network namespace or to this pod's addresses \
+             (SYN retransmits excluded).",
+            watched_retransmits.chain(other_retransmits).filter(|_| retransmits_counted),
         )?;
         let watched_drops = sample.interfaces.iter().flat_map(|s| {
             s.drops.iter().map(move |(reason, count)| {
@@ -385,7 +407,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        datapath::ProgramRunStats,
+        datapath::{ProbeReport, ProgramRunStats},
         sampling::sampler::{InterfaceSeries, Sample},
     };
 
@@ -407,6 +429,7 @@ mod tests {
                     egress: DirectionCounters { packets: 1, bytes: 54, tcp_resets: 1, ..Default::default() },
                 },
                 drops: BTreeMap::from([("NO_SOCKET".to_string(), 7)]),
+                tcp_retransmits: 9,
                 ..InterfaceSeries::default()
             }],
             other_drops: BTreeMap::from([("NOT_SPECIFIED".to_string(), 4)]),
@@ -415,6 +438,11 @@ mod tests {
                 drops: BTreeMap::from([("NO_OUTPUT_PORT".to_string(), 12)]),
                 ..InterfaceSeries::default()
             }],
+            other_tcp_retransmits: 5,
+            probes: ProbeReport {
+                probes: BTreeMap::from([(RETRANSMIT_PROBE, Some("tp_btf".to_string()))]),
+                ..ProbeReport::default()
+            },
             programs: vec![ProgramRunStats { program: "tc_ingress", runs: 10, run_nanos: 1_500 }],
             attached: 1,
             ..Sample::default()
@@ -431,6 +459,8 @@ mod tests {
             r#"datapath_tcp_handshakes_total{interface="veth1a2b3c4d",direction="ingress",pod_namespace="",pod=""} 3"#,
             r#"datapath_tcp_handshakes_answered_total{interface="veth1a2b3c4d",direction="ingress",pod_namespace="",pod=""} 0"#,
             r#"datapath_unanswered_packets_total{interface="veth1a2b3c4d",direction="ingress",pod_namespace="",pod=""} 3"#,
+            r#"datapath_tcp_retransmits_total{interface="veth1a2b3c4d",pod_namespace="",pod=""} 9"#,
+            r#"datapath_tcp_retransmits_total{interface="other",pod_namespace="",pod=""} 5"#,
             r#"datapath_drops_total{interface="veth1a2b3c4d",reason="NO_SOCKET",pod_namespace="",pod=""} 7"#,
             r#"datapath_drops_total{interface="other",reason="NOT_SPECIFIED",pod_namespace="",pod=""} 4"#,
             "datapath_interfaces_attached 1",
@@ -438,9 +468,28 @@ mod tests {
             r#"datapath_bpf_program_runs_total{program="tc_ingress"} 10"#,
             r#"datapath_bpf_program_run_seconds_total{program="tc_ingress"} 0.0000015"#,
             r#"datapath_bpf_map_update_errors_total{map="drops"} 0"#,
+            r#"datapath_bpf_map_update_errors_total{map="retransmits"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn no_retransmit_series_without_the_retransmit_tracer() {
+        let sample = Sample {
+            interfaces: vec![InterfaceSeries { interface: "veth1a2b3c4d".into(), ..InterfaceSeries::default() }],
+            probes: ProbeReport {
+                probes: BTreeMap::from([(RETRANSMIT_PROBE, None)]),
+                errors: BTreeMap::from([(RETRANSMIT_PROBE, "tp_btf: unsupported".to_string())]),
+            },
+            ..Sample::default()
+        };
+        let latest = Arc::new(LatestSample::default());
+        latest.publish(sample);
+        let text = Metrics::of(vec![Box::new(SampleCollector { sample: latest })]).render().unwrap();
+        assert!(text.contains("datapath_tcp_syn_retransmits_total"), "{text}");
+        assert!(!text.contains("datapath_tcp_retransmits"), "{text}");
+        assert!(text.contains(r#"datapath_probe_loaded{probe="tcp_retransmit"} 0"#), "{text}");
     }
 }

@@ -1,7 +1,7 @@
 //! Detection, per watched interface, at every sample (250 ms), from evidence that packets
 //! are being lost, never from silence alone:
 //! - **loss evidence** ([`LostPackets`]): drops whose reason means the network lost the packet
-//!   (`NETFILTER_DROP`, `NEIGH_FAILED`, `QDISC_DROP`, an OVS drop, ...), SYN retransmits,
+//!   (`NETFILTER_DROP`, `NEIGH_FAILED`, `QDISC_DROP`, an OVS drop, ...), SYN and data retransmits,
 //!   handshakes left unanswered ([`Handshakes`]), and packets of conversations sending while
 //!   nothing comes back (counted by the kernel, see `monitor_common::Conversation`). It needs
 //!   no warm-up: an interface's baseline of it starts at zero.
@@ -107,6 +107,8 @@ pub(super) struct Counters {
     pub(super) resets: u64,
     pub(super) syn: u64,
     syn_retransmits: [u64; 2],
+    /// TCP data segments retransmitted by the pod's sockets or to its addresses.
+    data_retransmits: u64,
     packets: [u64; 2],
     syns: [u64; 2],
     answered: [u64; 2],
@@ -123,6 +125,7 @@ impl Counters {
             resets: c.ingress.tcp_resets + c.egress.tcp_resets,
             syn: c.ingress.syn_retransmits + c.egress.syn_retransmits,
             syn_retransmits: both(|d| d.syn_retransmits),
+            data_retransmits: series.tcp_retransmits,
             packets: both(|d| d.packets),
             syns: both(|d| d.syns),
             answered: both(|d| d.syns_answered),
@@ -145,6 +148,7 @@ impl Counters {
             resets: diff(self.resets, earlier.resets),
             syn: diff(self.syn, earlier.syn),
             syn_retransmits: pair(self.syn_retransmits, earlier.syn_retransmits),
+            data_retransmits: diff(self.data_retransmits, earlier.data_retransmits),
             packets: pair(self.packets, earlier.packets),
             syns: pair(self.syns, earlier.syns),
             answered: pair(self.answered, earlier.answered),
@@ -380,7 +384,7 @@ impl InterfaceState {
         let unanswered_flows = delta.unanswered[0] + delta.unanswered[1];
         let unanswered = [0, 1].map(|d| delta.unanswered[d] + unanswered_syns[d]);
         let mut lost = LostPackets {
-            retransmitted: delta.syn,
+            retransmitted: delta.syn + delta.data_retransmits,
             unanswered: unanswered[0] + unanswered[1],
             ..LostPackets::default()
         };

@@ -104,8 +104,8 @@ fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
-/// "9.4 s pod-network disruption on 14 interfaces (247 packets lost (210 unanswered; 37 SYN
-/// retransmits; 165 dropped: NETFILTER_DROP 165)), began 1.1 s after ovs-vswitchd went down
+/// "9.4 s pod-network disruption on 14 interfaces (247 packets lost (210 unanswered; 37
+/// retransmitted; 165 dropped: NETFILTER_DROP 165)), began 1.1 s after ovs-vswitchd went down
 /// for a restart and 2.9 s after ..."
 fn message(incident: &Incident, lookback: Duration) -> String {
     let t = &incident.totals;
@@ -121,7 +121,7 @@ fn message(incident: &Incident, lookback: Duration) -> String {
         kinds.push(format!("{} unanswered", thousands(t.lost.unanswered)));
     }
     if t.lost.retransmitted > 0 {
-        kinds.push(plural(t.lost.retransmitted, "SYN retransmit", "SYN retransmits"));
+        kinds.push(format!("{} retransmitted", thousands(t.lost.retransmitted)));
     }
     let unforwarded = t.lost.dropped.get(UNFORWARDED_REASON).copied().unwrap_or(0);
     if unforwarded > 0 {

@@ -36,7 +36,8 @@ pub struct Incident {
 pub struct LostPackets {
     /// Dropped by the kernel, by drop reason.
     pub dropped: BTreeMap<String, u64>,
-    /// SYN retransmits: each repeats a lost or unanswered SYN.
+    /// SYN retransmits and TCP data segments retransmitted: each repeats a packet that was
+    /// lost or left unanswered.
     pub retransmitted: u64,
     /// Sent with nothing coming back (conversations gone one-sided, unanswered handshakes).
     pub unanswered: u64,

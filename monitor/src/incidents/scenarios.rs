@@ -46,6 +46,8 @@ struct Rates {
     syns: u64,
     answered: u64,
     syn_retransmits: u64,
+    /// TCP data segments retransmitted per second.
+    data_retransmits: u64,
 }
 
 #[derive(Default)]
@@ -58,6 +60,7 @@ struct Totals {
     syns: f64,
     answered: f64,
     syn_retransmits: f64,
+    data_retransmits: f64,
 }
 
 struct Sim {
@@ -116,6 +119,7 @@ impl Sim {
                         total.syns += r.syns as f64 / 4.0;
                         total.answered += r.answered as f64 / 4.0;
                         total.syn_retransmits += r.syn_retransmits as f64 / 4.0;
+                        total.data_retransmits += r.data_retransmits as f64 / 4.0;
                     }
                     let drops = total
                         .drops
@@ -146,6 +150,7 @@ impl Sim {
                             },
                         },
                         drops,
+                        tcp_retransmits: total.data_retransmits as u64,
                         removed: false,
                         is_pod_veth: !name.starts_with("tun"),
                     }
@@ -399,7 +404,7 @@ fn bursty_benign_drops_at_agent_start_open_no_incident() {
 /// incident). Loss-class evidence needs no warm-up; benign-class drops need a warm baseline.
 #[test]
 fn each_evidence_opens_an_incident_when_it_should() {
-    let cases: [(&str, Rates, bool); 9] = [
+    let cases: [(&str, Rates, bool); 10] = [
         ("unanswered from the first second", one_sided("veth0001", 0.0, 6.0), true),
         ("unanswered 2 s after start", one_sided("veth0001", 2.0, 8.0), true),
         (
@@ -413,6 +418,7 @@ fn each_evidence_opens_an_incident_when_it_should() {
             true,
         ),
         ("SYN retransmits 2 s after start", Rates { syn_retransmits: 8, ..burst("veth0001", 2.0, 6.0, 0) }, true),
+        ("data retransmits 2 s after start", Rates { data_retransmits: 8, ..burst("veth0001", 2.0, 6.0, 0) }, true),
         (
             "unanswered handshakes 2 s after start",
             Rates { syns: 8, answered: 0, ..burst("veth0001", 2.0, 6.0, 0) },

@@ -7,6 +7,7 @@ pub mod filter;
 pub mod link_watch;
 pub mod links;
 pub mod netns;
+mod retransmits;
 pub mod sampler;
 pub mod switches;
 

@@ -1,5 +1,6 @@
 //! The per-interface view of the kernel's counters: attaches and detaches as watched
-//! links come and go, attributes drops to interfaces, and keeps a removed interface's
+//! links come and go, attributes drops and TCP retransmits ([`super::retransmits`]) to
+//! interfaces, and keeps a removed interface's
 //! final counts for a grace period so its last increments are not lost.
 
 use std::{
@@ -17,6 +18,7 @@ use crate::{
     errors,
     sampling::{
         LinkEvent, LinkFacts,
+        retransmits::{RetransmitAttribution, RetransmitOwners, RetransmitTotals},
         switches::{Switches, link_name},
     },
     sync,
@@ -35,6 +37,9 @@ pub struct InterfaceSeries {
     pub counters: InterfaceCounters,
     /// Drops by reason name, on the host side or the pod side of this interface.
     pub drops: BTreeMap<String, u64>,
+    /// TCP data segments retransmitted by sockets of this pod's netns, or by the node's
+    /// sockets to this pod's addresses (SYN and SYN-ACK retransmits excluded).
+    pub tcp_retransmits: u64,
     pub removed: bool,
     /// A host-side veth whose peer is in another netns (a pod's).
     pub is_pod_veth: bool,
@@ -50,6 +55,8 @@ pub struct Sample {
     /// Switches with two watched ports or more: their unforwarded packets, as drops under
     /// [`super::switches::UNFORWARDED_REASON`] (see [`super::switches`]).
     pub switches: Vec<InterfaceSeries>,
+    /// TCP data retransmits credited to no watched interface.
+    pub other_tcp_retransmits: u64,
     pub programs: Vec<ProgramRunStats>,
     pub map_errors: [u64; MAP_ERROR_SLOTS as usize],
     pub attached: usize,
@@ -138,6 +145,7 @@ pub struct Sampler {
     attribution: DropAttribution,
     /// Drops of removed interfaces' pre-watch baselines, kept so "other" never goes down.
     other_carried: BTreeMap<String, u64>,
+    retransmits: RetransmitAttribution,
     grace: Duration,
     map_errors_reported: [u64; MAP_ERROR_SLOTS as usize],
     pods: Option<Arc<dyn PodSource>>,
@@ -157,6 +165,7 @@ impl Sampler {
             retired: Vec::new(),
             attribution: DropAttribution::default(),
             other_carried: BTreeMap::new(),
+            retransmits: RetransmitAttribution::default(),
             grace,
             map_errors_reported: [0; MAP_ERROR_SLOTS as usize],
             pods: None,
@@ -238,10 +247,13 @@ impl Sampler {
 
     fn watch(&mut self, link: LinkFacts) {
         let ifindex = link.ifindex;
+        // Retransmits so far stay with their owners before this link changes who owns what.
+        self.credit_retransmits(&self.datapath.read_retransmits());
         sync::get_mut(&mut self.pod_cache).retain(|(i, _), _| *i != ifindex);
         if !link.is_ethernet {
             warn!(interface = link.name, "not an Ethernet device: skipped (the tc programs parse Ethernet)");
             self.watched.insert(ifindex, (link, None, Some("not an Ethernet device".into())));
+            self.credit_retransmits(&self.datapath.read_retransmits());
             return;
         }
         let started = Instant::now();
@@ -264,6 +276,31 @@ impl Sampler {
             self.attribution.owners.retain(|_, owner| *owner != ifindex);
         }
         self.watched.insert(ifindex, (link, mode, error));
+        self.credit_retransmits(&self.datapath.read_retransmits());
+    }
+
+    /// Who owns retransmit keys now (see [`super::retransmits`]).
+    fn retransmit_owners(&self) -> RetransmitOwners {
+        let mut owners = RetransmitOwners::default();
+        for (&(netns, _), &host) in &self.attribution.owners {
+            if netns != self.own_netns {
+                owners.add_netns(netns, host);
+            }
+        }
+        for (link, mode, _) in self.watched.values() {
+            if mode.is_none() {
+                continue;
+            }
+            for ip in self.pod_of(link).map(|pod| pod.ips).unwrap_or_default() {
+                owners.add_address(&ip, link.ifindex);
+            }
+        }
+        owners
+    }
+
+    fn credit_retransmits(&mut self, kernel: &[(monitor_common::RetransmitKey, u64)]) -> RetransmitTotals {
+        let owners = self.retransmit_owners();
+        self.retransmits.credit(kernel, &owners)
     }
 
     fn set_owners(&mut self, link: &LinkFacts) {
@@ -292,13 +329,15 @@ impl Sampler {
     }
 
     fn unwatch(&mut self, ifindex: u32, name: &str) {
+        // Credited while still watched: its retransmit keys are its own one last time.
+        let retransmits = self.credit_retransmits(&self.datapath.read_retransmits());
         let Some((link, mode, _)) = self.watched.remove(&ifindex) else { return };
         if mode.is_none() {
             return;
         }
         let drops = self.datapath.read_drops();
         let final_counters = self.datapath.detach(ifindex).unwrap_or_default();
-        let mut series = self.series_for(&link, final_counters, &drops);
+        let mut series = self.series_for(&link, final_counters, &drops, &retransmits);
         series.removed = true;
         series.interface = name.to_string();
         sync::get_mut(&mut self.pod_cache).retain(|(i, _), _| *i != ifindex);
@@ -315,6 +354,10 @@ impl Sampler {
         }
         self.datapath.forget_drops(|key| owned.contains(&(u64::from(key.netns), key.ifindex)));
         self.attribution.owners.retain(|_, owner| *owner != ifindex);
+        // Its retransmit keys too: the pod's netns is gone, or its address may go to another pod.
+        let keys = self.retransmits.owned_by(ifindex);
+        self.datapath.forget_retransmits(|key| keys.contains(key));
+        self.retransmits.retire(ifindex, &keys);
         info!(interface = name, ifindex, "detached");
         self.retired.push(Retired { series, until: Instant::now() + self.grace });
     }
@@ -324,6 +367,7 @@ impl Sampler {
         link: &LinkFacts,
         counters: InterfaceCounters,
         kernel_drops: &[(DropKey, u64)],
+        retransmits: &RetransmitTotals,
     ) -> InterfaceSeries {
         let mut drops = BTreeMap::new();
         for (key, count) in kernel_drops {
@@ -340,6 +384,7 @@ impl Sampler {
             pod: pod.name,
             counters,
             drops,
+            tcp_retransmits: retransmits.get(&Some(link.ifindex)).copied().unwrap_or(0),
             removed: false,
             is_pod_veth: link.is_pod_veth(),
         }
@@ -351,6 +396,7 @@ impl Sampler {
         self.retired.retain(|r| r.until > now);
         let kernel = self.datapath.read();
         self.report_map_errors(&kernel.map_errors);
+        let retransmits = self.credit_retransmits(&kernel.retransmits);
 
         let mut interfaces = Vec::with_capacity(self.watched.len() + self.retired.len());
         for (link, mode, _) in self.watched.values() {
@@ -358,7 +404,7 @@ impl Sampler {
                 continue;
             }
             let counters = kernel.interfaces.get(&link.ifindex).copied().unwrap_or_default();
-            interfaces.push(self.series_for(link, counters, &kernel.drops));
+            interfaces.push(self.series_for(link, counters, &kernel.drops, &retransmits));
         }
         interfaces.extend(self.retired.iter().map(|r| r.series.clone()));
         let ports = self
@@ -381,6 +427,7 @@ impl Sampler {
             interfaces,
             other_drops,
             switches,
+            other_tcp_retransmits: retransmits.get(&None).copied().unwrap_or(0),
             programs: kernel.programs,
             map_errors: kernel.map_errors,
             attached: self.datapath.attached_count(),
@@ -409,6 +456,7 @@ pub fn map_error_name(slot: usize) -> Option<&'static str> {
         monitor_common::MAP_ERROR_INTERFACE_INSERT => Some("interface_counters"),
         monitor_common::MAP_ERROR_FLOWS_INSERT => Some("flows"),
         monitor_common::MAP_ERROR_PROCESS_EVENTS => Some("process_events"),
+        monitor_common::MAP_ERROR_RETRANSMITS => Some("retransmits"),
         _ => None,
     }
 }
