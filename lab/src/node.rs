@@ -532,7 +532,7 @@ impl Lab {
         }
         let udp = probe_log::parse_udp(&fs::read_to_string(self.udp_log()).unwrap_or_default());
         match udp.last() {
-            Some(UdpSecond { at, sent, received }) => {
+            Some(UdpSecond { at, sent, received, .. }) => {
                 write!(out, "udp client→web: last second {at:.0}: {sent} sent, {received} echoed")?
             }
             None => write!(out, "udp client→web: no data yet")?,
