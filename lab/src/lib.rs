@@ -17,6 +17,7 @@ mod node;
 pub mod probe_log;
 mod scenarios;
 pub mod sdn;
+pub mod soak;
 pub mod sys;
 
 use std::{fmt, path::PathBuf};
