@@ -26,6 +26,8 @@ pub const HTTP_PORT: u16 = 8080;
 pub const SLOW_PORT: u16 = 8081;
 /// Bulk TCP server: sends the number of bytes asked for (`<n>\n`), then closes.
 pub const BULK_PORT: u16 = 8082;
+/// The bulk server's pause between 64 KiB chunks.
+const BULK_PACE: Duration = Duration::from_millis(16);
 /// DNS-like UDP responder.
 pub const DNS_PORT: u16 = 5353;
 /// UDP sink: reads everything, never replies (a syslog/metrics collector).
@@ -48,7 +50,7 @@ pub enum Behaviour {
     /// TCP connects to a closed port (RST, every 2 s) and UDP to a closed port (ICMP port
     /// unreachable, every 1 s).
     Rejects,
-    /// A 2–6 MB TCP transfer, then a pause of 10–30 s, in a loop.
+    /// A 2–6 MB TCP transfer (~4 MB/s), then a pause of 10–30 s, in a loop.
     Bulk,
     /// DNS-like UDP queries from a fresh source port every 0.5–2 s (1 s timeout).
     Dns,
@@ -89,7 +91,7 @@ impl Behaviour {
             Behaviour::Rejects => {
                 "TCP connects to a closed port every 2 s (RST) and UDP to a closed port every 1 s (ICMP port unreachable)"
             }
-            Behaviour::Bulk => "a 2–6 MB TCP bulk transfer, then a 10–30 s pause, in a loop",
+            Behaviour::Bulk => "a 2–6 MB TCP bulk transfer (~4 MB/s), then a 10–30 s pause, in a loop",
             Behaviour::Dns => "DNS-like UDP request/response from a fresh source port every 0.5–2 s",
         }
     }
@@ -332,10 +334,14 @@ fn bulk_session(mut stream: TcpStream) -> std::io::Result<()> {
     let wanted: usize = String::from_utf8_lossy(&line).trim().parse().unwrap_or(0).min(16 << 20);
     let chunk = [0x5au8; 64 * 1024];
     let mut left = wanted;
+    // Paced at ~4 MB/s (a 64 KiB chunk every 16 ms): a bulk transfer, not a flood that starves
+    // the lab's userspace switch (which then really loses the prober's and the UDP stream's
+    // packets, i.e. a fault).
     while left > 0 {
         let n = left.min(chunk.len());
         stream.write_all(&chunk[..n])?;
         left -= n;
+        thread::sleep(BULK_PACE);
     }
     Ok(())
 }
@@ -369,14 +375,14 @@ impl Reporter {
         self.tally.count(ok);
         if Instant::now() >= self.next {
             println!(
-                "{} {}: {} ok, {} failed in the last minute",
+                "{} {}: {} ok, {} failed since the last report",
                 now_text(),
                 self.name,
                 self.tally.ok,
                 self.tally.failed
             );
             self.tally = Tally::default();
-            self.next += Duration::from_secs(60);
+            self.next = Instant::now() + Duration::from_secs(60);
         }
     }
 }
