@@ -1062,6 +1062,12 @@ fn write_results(out_dir: &Path, runs: &[RunRecord], soak: Option<&SoakRecord>) 
             "udp_sent": soak.udp_sent,
             "udp_received": soak.udp_received,
             "udp_lost": soak.udp.iter().map(|s| s.lost).sum::<u64>(),
+            "udp_loss_seconds": soak.udp.iter().filter(|s| s.lost > 0).map(|s| json!({
+                "at": format!("{:.3}", s.at),
+                "lost": s.lost,
+                "first_lost_at": s.first_lost_at.map(|t| format!("{t:.3}")),
+                "last_lost_at": s.last_lost_at.map(|t| format!("{t:.3}")),
+            })).collect::<Vec<_>>(),
         })
     });
     let path: PathBuf = out_dir.join("results.json");
