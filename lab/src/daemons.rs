@@ -101,8 +101,56 @@ pub fn udp_echo(port: u16) -> anyhow::Result<()> {
     }
 }
 
-/// Sends `rate` datagrams per second to `target` and counts the echoes; appends one JSON line
-/// per second to `log` (`{"at","sent","received"}`).
+/// How long the UDP client waits for an echo before it declares a datagram lost.
+pub const UDP_LOSS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Datagrams sent and not yet echoed: sequence number → send time.
+#[derive(Default)]
+struct Pending {
+    sent: std::collections::BTreeMap<u64, (Instant, Timestamp)>,
+}
+
+/// Datagrams declared lost at one check.
+#[derive(Debug, Default, PartialEq)]
+struct Lost {
+    count: u64,
+    first: Option<Timestamp>,
+    last: Option<Timestamp>,
+}
+
+impl Pending {
+    /// Removes and returns the datagrams sent more than `timeout` before `now`.
+    fn expire(&mut self, now: Instant, timeout: Duration) -> Lost {
+        let mut lost = Lost::default();
+        while let Some(entry) = self.sent.first_entry() {
+            let (sent_at, stamp) = *entry.get();
+            if now.saturating_duration_since(sent_at) <= timeout {
+                break;
+            }
+            entry.remove();
+            lost.count += 1;
+            lost.first = Some(lost.first.map_or(stamp, |first: Timestamp| first.min(stamp)));
+            lost.last = Some(lost.last.map_or(stamp, |last: Timestamp| last.max(stamp)));
+        }
+        lost
+    }
+}
+
+/// The per-second JSON line of the UDP client.
+fn udp_second_line(sent: u64, received: u64, lost: &Lost) -> String {
+    let mut line = serde_json::json!({ "at": now_text(), "sent": sent, "received": received, "lost": lost.count });
+    if let (Some(first), Some(last)) = (lost.first, lost.last) {
+        line["first_lost_at"] = serde_json::Value::String(format!("{first:.3}"));
+        line["last_lost_at"] = serde_json::Value::String(format!("{last:.3}"));
+    }
+    line.to_string()
+}
+
+/// Sends `rate` datagrams per second to `target`, each carrying its sequence number (8 bytes,
+/// big-endian), and matches the echoes to them: a datagram not echoed within
+/// [`UDP_LOSS_TIMEOUT`] is lost. Appends one JSON line per second to `log`
+/// (`{"at","sent","received","lost"}`, plus `first_lost_at`/`last_lost_at`, the send times of the
+/// first and last datagram declared lost in that second, when any was).
 pub fn udp_client(target: &str, rate: u32, log: &Path) -> anyhow::Result<()> {
     let target: SocketAddr = target
         .to_socket_addrs()
@@ -113,13 +161,19 @@ pub fn udp_client(target: &str, rate: u32, log: &Path) -> anyhow::Result<()> {
     socket.set_read_timeout(Some(Duration::from_millis(200))).context("setting a read timeout")?;
     let receiver = socket.try_clone().context("cloning the udp socket")?;
     let received = Arc::new(AtomicU64::new(0));
+    let pending = Arc::new(std::sync::Mutex::new(Pending::default()));
     let counter = Arc::clone(&received);
+    let answered = Arc::clone(&pending);
     std::thread::spawn(move || {
         let mut buf = [0u8; 2048];
         loop {
             match receiver.recv_from(&mut buf) {
-                Ok((_, peer)) if peer == target => {
+                Ok((n, peer)) if peer == target => {
                     counter.fetch_add(1, Ordering::Relaxed);
+                    if n >= 8 {
+                        let seq = u64::from_be_bytes(buf[..8].try_into().unwrap_or_default());
+                        answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).sent.remove(&seq);
+                    }
                 }
                 Ok(_) => {}
                 Err(error) if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
@@ -140,16 +194,19 @@ pub fn udp_client(target: &str, rate: u32, log: &Path) -> anyhow::Result<()> {
         let now = Instant::now();
         if now >= next_report {
             let total = received.load(Ordering::Relaxed);
-            let line = serde_json::json!({
-                "at": now_text(), "sent": sent, "received": total - reported_received,
-            });
-            append_line(log, &line.to_string());
+            let lost = pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).expire(now, UDP_LOSS_TIMEOUT);
+            append_line(log, &udp_second_line(sent, total - reported_received, &lost));
             reported_received = total;
             sent = 0;
             next_report += Duration::from_secs(1);
         }
         if now >= next_send {
             seq += 1;
+            pending
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .sent
+                .insert(seq, (Instant::now(), Timestamp::now()));
             match socket.send_to(&seq.to_be_bytes(), target) {
                 Ok(_) => sent += 1,
                 Err(error) => {
@@ -331,6 +388,26 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn udp_datagrams_unanswered_for_a_second_are_lost() {
+        let base = Instant::now();
+        let stamp = |ms: i64| Timestamp::from_millisecond(1_768_251_520_000 + ms).unwrap();
+        let mut pending = Pending::default();
+        for (seq, ms) in [(1u64, 0u64), (2, 50), (3, 100), (4, 900)] {
+            pending.sent.insert(seq, (base + Duration::from_millis(ms), stamp(ms as i64)));
+        }
+        pending.sent.remove(&2); // echoed
+        assert_eq!(pending.expire(base + Duration::from_millis(900), UDP_LOSS_TIMEOUT), Lost::default());
+        let lost = pending.expire(base + Duration::from_millis(1500), UDP_LOSS_TIMEOUT);
+        assert_eq!(lost, Lost { count: 2, first: Some(stamp(0)), last: Some(stamp(100)) });
+        assert_eq!(pending.sent.len(), 1);
+        let line = udp_second_line(20, 18, &lost);
+        let second: crate::probe_log::UdpSecond = serde_json::from_str(&line).unwrap();
+        assert_eq!((second.sent, second.received, second.lost), (20, 18, 2));
+        assert_eq!((second.first_lost_at, second.last_lost_at), (Some(stamp(0)), Some(stamp(100))));
+        assert!(!udp_second_line(20, 20, &Lost::default()).contains("first_lost_at"));
     }
 
     #[test]

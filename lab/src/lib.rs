@@ -17,6 +17,7 @@ mod node;
 pub mod probe_log;
 mod scenarios;
 pub mod sdn;
+pub mod soak;
 pub mod sys;
 
 use std::{fmt, path::PathBuf};
@@ -24,7 +25,7 @@ use std::{fmt, path::PathBuf};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-pub use probe_log::{Outage, Probe};
+pub use probe_log::{LossWindow, Outage, Probe};
 
 /// The lab root: CNI dirs, OVS dirs, pid files, logs, state file.
 pub const ROOT: &str = "/run/dm-lab";
@@ -170,6 +171,12 @@ pub struct ScenarioReport {
     pub udp_sent: u64,
     /// UDP echoes the client pod got back in that window.
     pub udp_received: u64,
+    /// The datagrams lost in that window, by send time (None when none was lost, or the UDP
+    /// client's log predates loss tracking). A datagram is declared lost 1 s after it was sent,
+    /// so one sent in the last ~2 s before `finished` may be missing here: re-read the log later
+    /// ([`probe_log::udp_loss_window`]) for the complete window.
+    #[serde(default)]
+    pub udp_loss: Option<probe_log::LossWindow>,
 }
 
 impl ScenarioReport {
@@ -206,7 +213,17 @@ impl fmt::Display for ScenarioReport {
             None => writeln!(f, "prober outage: none (every probe passed)")?,
         }
         let lost = self.udp_sent.saturating_sub(self.udp_received);
-        write!(f, "udp client→web: {} sent, {} echoed back, {lost} lost", self.udp_sent, self.udp_received)
+        write!(f, "udp client→web: {} sent, {} echoed back, {lost} lost", self.udp_sent, self.udp_received)?;
+        if let Some(loss) = &self.udp_loss {
+            write!(
+                f,
+                " (lost datagrams sent {:.3} → {:.3}, {:.1} s)",
+                loss.first_lost,
+                loss.last_lost,
+                loss.seconds()
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -243,6 +260,7 @@ mod tests {
             }),
             udp_sent: 300,
             udp_received: 150,
+            udp_loss: None,
         };
         let text = report.to_string();
         assert!(text.contains("scenario sdn-upgrade"), "{text}");

@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use dm_lab::{Lab, Scenario, daemons, sdn, sys};
+use dm_lab::{Lab, Scenario, daemons, sdn, soak, sys};
 
 #[derive(Parser)]
 #[command(name = "dm-lab", about = "An OpenShift SDN node in a box, replaying pod-network disruptions")]
@@ -69,6 +69,28 @@ enum Cmd {
         log: PathBuf,
         #[arg(long)]
         pidfile: Option<PathBuf>,
+    },
+    /// (internal) The soak's servers: HTTP (fast, slow), bulk TCP, DNS-like UDP, a UDP sink.
+    SoakServe {
+        #[arg(long)]
+        pidfile: Option<PathBuf>,
+    },
+    /// (internal) The soak's clients: natural traffic with no fault toward one pod.
+    SoakTraffic {
+        /// The pod IP to talk to.
+        #[arg(long)]
+        target: String,
+        /// Comma-separated: onoff, push, bursty, rejects, bulk, dns.
+        #[arg(long)]
+        behaviours: String,
+        #[arg(long)]
+        pidfile: Option<PathBuf>,
+    },
+    /// Run the soak's natural traffic (no fault) for some minutes, then stop it.
+    Soak {
+        /// Minutes to run.
+        #[arg(long, default_value_t = 5.0)]
+        minutes: f64,
     },
     /// (internal) The stand-in openshift-sdn node process.
     Sdn {
@@ -158,6 +180,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Prober { url, period, timeout, log, pidfile } => {
             write_pid(&pidfile)?;
             daemons::prober(&url, period, timeout, &log)?;
+        }
+        Cmd::SoakServe { pidfile } => {
+            soak::write_pid(pidfile.as_deref())?;
+            soak::serve()?;
+        }
+        Cmd::SoakTraffic { target, behaviours, pidfile } => {
+            let behaviours = soak::parse_behaviours(&behaviours)?;
+            soak::write_pid(pidfile.as_deref())?;
+            soak::traffic(&target, &behaviours)?;
+        }
+        Cmd::Soak { minutes } => {
+            let lab = Lab::attach()?;
+            for line in soak::layout() {
+                println!("  {line}");
+            }
+            let result = lab.start_soak().map(|pids| {
+                println!("soak running ({} daemons) for {minutes} min", pids.len());
+                std::thread::sleep(Duration::from_secs_f64(minutes.max(0.0) * 60.0));
+            });
+            lab.stop_soak();
+            result?;
+            println!("soak stopped");
         }
         Cmd::Sdn { root, keep_flows, program_delay, resync_delay, pidfile } => {
             let pidfile = pidfile.unwrap_or_else(|| root.join("pids/sdn.pid"));

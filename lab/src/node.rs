@@ -376,7 +376,7 @@ impl Lab {
     }
 
     /// Starts a lab daemon (from `program`, in `netns`) and returns its pid.
-    fn spawn(&self, name: &str, netns: &str, program: &Path, args: &[&str]) -> anyhow::Result<i32> {
+    pub(crate) fn spawn(&self, name: &str, netns: &str, program: &Path, args: &[&str]) -> anyhow::Result<i32> {
         let daemon = Daemon { name, netns, program, args: args.iter().map(|arg| arg.to_string()).collect() };
         sys::spawn_daemon(&daemon, &self.pids_dir(), &self.logs_dir(), &[])
     }
@@ -532,7 +532,7 @@ impl Lab {
         }
         let udp = probe_log::parse_udp(&fs::read_to_string(self.udp_log()).unwrap_or_default());
         match udp.last() {
-            Some(UdpSecond { at, sent, received }) => {
+            Some(UdpSecond { at, sent, received, .. }) => {
                 write!(out, "udp client→web: last second {at:.0}: {sent} sent, {received} echoed")?
             }
             None => write!(out, "udp client→web: no data yet")?,

@@ -94,7 +94,8 @@ pub fn seconds_between(earlier: Timestamp, later: Timestamp) -> f64 {
     later.duration_since(earlier).as_secs_f64()
 }
 
-/// One second of the UDP client: datagrams sent and echoes received.
+/// One second of the UDP client: datagrams sent and echoes received, and the datagrams it
+/// declared lost in that second (no echo 1 s after sending; older logs lack these fields).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UdpSecond {
     /// End of the second.
@@ -103,6 +104,55 @@ pub struct UdpSecond {
     pub sent: u64,
     /// Echoes received in that second.
     pub received: u64,
+    /// Datagrams declared lost in that second (sent 1–2 s earlier, never echoed).
+    #[serde(default)]
+    pub lost: u64,
+    /// Send time of the first datagram declared lost in that second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_lost_at: Option<Timestamp>,
+    /// Send time of the last datagram declared lost in that second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_lost_at: Option<Timestamp>,
+}
+
+/// Where the UDP client lost datagrams: send times of the first and the last lost datagram.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LossWindow {
+    /// Send time of the first lost datagram.
+    pub first_lost: Timestamp,
+    /// Send time of the last lost datagram.
+    pub last_lost: Timestamp,
+    /// Datagrams lost.
+    pub lost: u64,
+}
+
+impl LossWindow {
+    /// `last_lost - first_lost` in seconds.
+    pub fn seconds(&self) -> f64 {
+        seconds_between(self.first_lost, self.last_lost)
+    }
+}
+
+/// The UDP loss among `seconds` whose lost datagrams were sent in `[from, until]`: None when no
+/// datagram sent then was lost. A second whose lost datagrams straddle a window edge counts
+/// whole (its record has only the first and last send times and the count).
+pub fn udp_loss_window(seconds: &[UdpSecond], from: Timestamp, until: Timestamp) -> Option<LossWindow> {
+    let mut window: Option<LossWindow> = None;
+    for second in seconds.iter().filter(|second| second.lost > 0) {
+        let (Some(first), Some(last)) = (second.first_lost_at, second.last_lost_at) else { continue };
+        if last < from || first > until {
+            continue;
+        }
+        window = Some(match window {
+            None => LossWindow { first_lost: first, last_lost: last, lost: second.lost },
+            Some(w) => LossWindow {
+                first_lost: w.first_lost.min(first),
+                last_lost: w.last_lost.max(last),
+                lost: w.lost + second.lost,
+            },
+        });
+    }
+    window
 }
 
 /// Parses UDP client log text, skipping lines that are not per-second records.
@@ -185,6 +235,36 @@ mod tests {
         assert!(ready_since(&probes, ts("2026-01-12T20:58:40.5Z"), 2));
         assert!(!ready_since(&probes, ts("2026-01-12T20:58:39Z"), 3));
         assert!(!ready_since(&probes, ts("2026-01-12T20:58:41.5Z"), 2));
+    }
+
+    #[test]
+    fn udp_loss_window_spans_the_lost_send_times() {
+        // An old line (no loss fields) still parses; lost datagrams outside the window are left out.
+        let text = "{\"at\":\"2026-01-12T20:58:40Z\",\"sent\":20,\"received\":20}\n\
+                    {\"at\":\"2026-01-12T20:58:41Z\",\"sent\":20,\"received\":20,\"lost\":2,\
+                     \"first_lost_at\":\"2026-01-12T20:58:30.100Z\",\"last_lost_at\":\"2026-01-12T20:58:30.150Z\"}\n\
+                    {\"at\":\"2026-01-12T20:58:43Z\",\"sent\":20,\"received\":5,\"lost\":7,\
+                     \"first_lost_at\":\"2026-01-12T20:58:41.600Z\",\"last_lost_at\":\"2026-01-12T20:58:41.900Z\"}\n\
+                    {\"at\":\"2026-01-12T20:58:44Z\",\"sent\":20,\"received\":0,\"lost\":20,\
+                     \"first_lost_at\":\"2026-01-12T20:58:41.950Z\",\"last_lost_at\":\"2026-01-12T20:58:42.900Z\"}\n\
+                    {\"at\":\"2026-01-12T20:58:45Z\",\"sent\":20,\"received\":20,\"lost\":0}\n";
+        let seconds = parse_udp(text);
+        assert_eq!(seconds.len(), 5);
+        assert_eq!(seconds[0].lost, 0);
+        assert_eq!(seconds[0].first_lost_at, None);
+        let window = udp_loss_window(&seconds, ts("2026-01-12T20:58:40Z"), ts("2026-01-12T20:58:50Z")).unwrap();
+        assert_eq!(window.first_lost, ts("2026-01-12T20:58:41.600Z"));
+        assert_eq!(window.last_lost, ts("2026-01-12T20:58:42.900Z"));
+        assert_eq!(window.lost, 27);
+        assert!((window.seconds() - 1.3).abs() < 1e-9);
+        // A window touching only the end of a second's losses takes that second whole.
+        let tail = udp_loss_window(&seconds, ts("2026-01-12T20:58:42.5Z"), ts("2026-01-12T20:58:50Z")).unwrap();
+        assert_eq!((tail.first_lost, tail.lost), (ts("2026-01-12T20:58:41.950Z"), 20));
+        assert_eq!(udp_loss_window(&seconds, ts("2026-01-12T20:58:43Z"), ts("2026-01-12T20:58:50Z")), None);
+        // The per-second line round-trips; no loss fields are written when nothing was lost.
+        let line = serde_json::to_string(&seconds[3]).unwrap();
+        assert_eq!(parse_udp(&line), vec![seconds[3].clone()]);
+        assert!(!serde_json::to_string(&seconds[4]).unwrap().contains("first_lost_at"));
     }
 
     #[test]

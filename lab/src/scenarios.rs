@@ -87,7 +87,8 @@ impl Lab {
         let outage = compute_outage(&probes, started, finished);
         let udp = probe_log::parse_udp(&fs::read_to_string(self.udp_log()).unwrap_or_default());
         let (udp_sent, udp_received) = probe_log::udp_totals(&udp, started, finished);
-        Ok(ScenarioReport { scenario, started, finished, steps: steps.steps, outage, udp_sent, udp_received })
+        let udp_loss = probe_log::udp_loss_window(&udp, started, finished);
+        Ok(ScenarioReport { scenario, started, finished, steps: steps.steps, outage, udp_sent, udp_received, udp_loss })
     }
 
     fn running_sdn(&self) -> anyhow::Result<i32> {

@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// Where the agent listens inside the lab's node namespace.
-const AGENT_LISTEN: &str = "127.0.0.1:9781";
+pub(crate) const AGENT_LISTEN: &str = "127.0.0.1:9781";
 
 pub enum LabAction {
     Up,
@@ -29,7 +29,7 @@ pub enum LabAction {
     Down,
 }
 
-fn require_root(what: &str) -> anyhow::Result<()> {
+pub(crate) fn require_root(what: &str) -> anyhow::Result<()> {
     if !command::is_root() {
         bail!(
             "{what} creates network namespaces, an OVS bridge and processes: run it as root (sudo -E cargo xtask ...)"
@@ -89,13 +89,13 @@ fn stamp(at: &jiff::Timestamp) -> String {
 }
 
 /// The agent running in the lab's node namespace; stopped (SIGTERM) on drop.
-struct LabAgent {
+pub(crate) struct LabAgent {
     child: Child,
     binary: PathBuf,
 }
 
 impl LabAgent {
-    fn start(binary: &Path, lab: &Lab, log: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn start(binary: &Path, lab: &Lab, log: &Path) -> anyhow::Result<Self> {
         let log = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let child = Command::new("ip")
             .args(["netns", "exec", NODE_NETNS])
@@ -117,7 +117,7 @@ impl LabAgent {
     }
 
     /// GET inside the node namespace (curl, which `cargo xtask setup` installs).
-    fn get(&self, path: &str) -> anyhow::Result<String> {
+    pub(crate) fn get(&self, path: &str) -> anyhow::Result<String> {
         let output = Command::new("ip")
             .args(["netns", "exec", NODE_NETNS, "curl", "-sf", "--max-time", "5"])
             .arg(format!("http://{AGENT_LISTEN}{path}"))
@@ -136,6 +136,22 @@ impl LabAgent {
             .output()?;
         ensure!(output.status.success(), "datapath-monitor {args:?}: {}", String::from_utf8_lossy(&output.stderr));
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
+impl LabAgent {
+    /// Starts a fresh agent: its state dir wiped first, so no earlier incident is read back.
+    pub(crate) fn start_fresh(binary: &Path, lab: &Lab, log: &Path) -> anyhow::Result<Self> {
+        let state = lab.agent_state_dir();
+        if state.exists() {
+            std::fs::remove_dir_all(&state).with_context(|| format!("wiping {}", state.display()))?;
+        }
+        Self::start(binary, lab, log)
+    }
+
+    /// Stops the agent (SIGTERM) and waits for it to exit.
+    pub(crate) fn stop(self) {
+        drop(self);
     }
 }
 

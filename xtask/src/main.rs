@@ -4,6 +4,7 @@
 mod bench;
 mod build;
 mod command;
+mod eval;
 mod lab;
 mod run;
 mod setup;
@@ -52,6 +53,23 @@ enum Task {
     },
     /// Build, bring the lab up, run the agent, replay the SDN upgrade disruption, show what was caught.
     Demo,
+    /// Measure detection quality on the lab (needs root): every scenario N times with a fresh
+    /// agent against the lab's ground truth (prober, numbered UDP stream), then a soak of natural
+    /// traffic with no fault; writes EVALUATION.md and target/eval/results.json.
+    Eval {
+        /// Runs per scenario (odd runs disrupt 2 s after the agent is ready, even ones 12 s).
+        #[arg(long, default_value_t = 5)]
+        repeat: u32,
+        /// Minutes of natural-traffic soak.
+        #[arg(long, default_value_t = 5.0)]
+        soak_minutes: f64,
+        /// Only these scenarios (comma-separated), e.g. sdn-upgrade,silent-drop.
+        #[arg(long, value_name = "LIST")]
+        scenarios: Option<String>,
+        /// Skip the soak.
+        #[arg(long)]
+        no_soak: bool,
+    },
     /// Measure what the monitor costs (datapath, CPU, memory) and how fast it detects; writes BENCHMARKS.md.
     Bench {
         /// Fewer rounds and shorter runs (a few minutes): checks every measurement works.
@@ -114,6 +132,9 @@ fn main() -> ExitCode {
             LabCommand::Down => lab::LabAction::Down,
         }),
         Task::Demo => lab::demo(),
+        Task::Eval { repeat, soak_minutes, scenarios, no_soak } => {
+            eval::eval(eval::EvalOptions { repeat, soak_minutes, scenarios, no_soak })
+        }
         Task::Bench { quick, only } => bench::bench(quick, only.as_deref()),
         Task::Vm { kernel, command } => vm::vm(&kernel, &command),
         Task::Test { unit, e2e, kernels, filter } => match kernels {
