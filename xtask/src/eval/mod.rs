@@ -1,0 +1,492 @@
+//! `cargo xtask eval`: how well the monitor detects, measured on the lab against the lab's own
+//! ground truth (which the agent never sees): every scenario N times, each with a fresh agent,
+//! then a soak of natural traffic with no fault. Writes EVALUATION.md at the repository root and
+//! the raw runs to target/eval/results.json.
+
+mod assess;
+mod report;
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs,
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail, ensure};
+use dm_lab::{
+    Lab, NODE_NETNS, Scenario, ScenarioReport,
+    probe_log::{self, UdpSecond},
+};
+use jiff::Timestamp;
+use serde_json::{Value, json};
+
+use crate::{
+    build,
+    command::{self, Workspace},
+    lab::{AGENT_LISTEN, LabAgent, require_root},
+    setup,
+};
+
+use self::{
+    assess::*,
+    report::{Meta, render},
+};
+
+/// `cargo xtask eval` options.
+pub struct EvalOptions {
+    /// Runs per scenario.
+    pub repeat: u32,
+    /// Minutes of natural-traffic soak.
+    pub soak_minutes: f64,
+    /// Only these scenarios (comma-separated names); all when None.
+    pub scenarios: Option<String>,
+    /// Skip the soak.
+    pub no_soak: bool,
+}
+
+/// Seconds a run waits after the agent is ready before disrupting: cold (odd repeats) and warm.
+const COLD_WAIT: Duration = Duration::from_secs(2);
+const WARM_WAIT: Duration = Duration::from_secs(12);
+/// After the scenario: wait for every incident to close, at most this long ...
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
+/// ... or this long when no incident appeared at all.
+const NO_INCIDENT_WAIT: Duration = Duration::from_secs(8);
+/// How often the incidents are polled.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+// ---------------------------------------------------------------------------------------------
+// Polling the agent.
+
+#[derive(Default)]
+struct PollState {
+    first_seen: BTreeMap<String, Timestamp>,
+    latest: Vec<Value>,
+    polls: u64,
+    errors: u64,
+}
+
+/// Polls `/api/v1/incidents` every 100 ms from a thread that entered the node netns.
+struct Poller {
+    stop: Arc<AtomicBool>,
+    state: Arc<Mutex<PollState>>,
+    handle: thread::JoinHandle<()>,
+}
+
+impl Poller {
+    fn start() -> anyhow::Result<Self> {
+        let netns = fs::File::open(format!("/run/netns/{NODE_NETNS}")).context("opening the node netns")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let state = Arc::new(Mutex::new(PollState::default()));
+        let (thread_stop, thread_state) = (Arc::clone(&stop), Arc::clone(&state));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let handle = thread::spawn(move || {
+            // SAFETY: setns on a valid fd; it moves only this thread into the node netns.
+            let entered = unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } == 0;
+            let _ = ready_tx.send(entered);
+            if !entered {
+                return;
+            }
+            while !thread_stop.load(Ordering::Relaxed) {
+                poll_once(&thread_state);
+                thread::sleep(POLL_INTERVAL);
+            }
+            poll_once(&thread_state);
+        });
+        ensure!(
+            ready_rx.recv().unwrap_or(false),
+            "cannot enter netns {NODE_NETNS}: {}",
+            std::io::Error::last_os_error()
+        );
+        Ok(Poller { stop, state, handle })
+    }
+
+    /// (incidents now, all of them inactive).
+    fn snapshot(&self) -> (usize, bool) {
+        let state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        (state.latest.len(), state.latest.iter().all(|incident| incident["active"] != true))
+    }
+
+    fn finish(self) -> (Vec<SeenIncident>, u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.handle.join();
+        let state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut seen: Vec<SeenIncident> = state
+            .latest
+            .iter()
+            .filter_map(|raw| {
+                let view = IncidentView::from_json(raw)?;
+                let first_seen = *state.first_seen.get(&view.id)?;
+                Some(SeenIncident { view, first_seen, raw: raw.clone() })
+            })
+            .collect();
+        seen.sort_by_key(|s| s.view.start);
+        (seen, state.polls, state.errors)
+    }
+}
+
+fn poll_once(state: &Mutex<PollState>) {
+    let result = http_get_local("/api/v1/incidents");
+    let seen_at = Timestamp::now();
+    let mut state = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    state.polls += 1;
+    match result.and_then(|body| serde_json::from_str::<Value>(&body).context("incidents are not JSON")) {
+        Ok(Value::Array(incidents)) => {
+            for incident in &incidents {
+                if let Some(id) = incident["id"].as_str() {
+                    state.first_seen.entry(id.to_string()).or_insert(seen_at);
+                }
+            }
+            state.latest = incidents;
+        }
+        Ok(_) | Err(_) => state.errors += 1,
+    }
+}
+
+/// GET `path` from the agent (the calling thread must be in the node netns).
+fn http_get_local(path: &str) -> anyhow::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&AGENT_LISTEN.parse()?, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {AGENT_LISTEN}\r\nConnection: close\r\n\r\n")?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    parse_http_response(&response)
+}
+
+/// The body of a 200 response (Content-Length or chunked framing).
+pub fn parse_http_response(response: &[u8]) -> anyhow::Result<String> {
+    let end = response.windows(4).position(|w| w == b"\r\n\r\n").context("no end of the response head")?;
+    let head = String::from_utf8_lossy(&response[..end]).to_ascii_lowercase();
+    ensure!(head.starts_with("http/1.1 200") || head.starts_with("http/1.0 200"), "not a 200: {head}");
+    let body = &response[end + 4..];
+    if !head.contains("transfer-encoding: chunked") {
+        return Ok(String::from_utf8_lossy(body).into_owned());
+    }
+    let mut out = Vec::new();
+    let mut rest = body;
+    loop {
+        let line_end = rest.windows(2).position(|w| w == b"\r\n").context("truncated chunk")?;
+        let size_text = String::from_utf8_lossy(&rest[..line_end]);
+        let size =
+            usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16).context("bad chunk size")?;
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            break;
+        }
+        ensure!(rest.len() >= size, "truncated chunk");
+        out.extend_from_slice(&rest[..size]);
+        rest = rest.get(size + 2..).unwrap_or_default();
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running it.
+
+/// `cargo xtask eval`.
+pub fn eval(options: EvalOptions) -> anyhow::Result<()> {
+    require_root("eval")?;
+    ensure!(options.repeat >= 1, "--repeat must be at least 1");
+    ensure!(options.soak_minutes >= 0.0 && options.soak_minutes.is_finite(), "--soak-minutes must be ≥ 0");
+    let scenarios = parse_scenarios(options.scenarios.as_deref())?;
+    setup::ensure_ready()?;
+    let workspace = Workspace::locate()?;
+    let agent_binary = build::build_agent(&workspace, false)?;
+    let lab_binary = build::build_lab(&workspace)?;
+    let out_dir = workspace.target_dir.join("eval");
+    let logs = out_dir.join("logs");
+    fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let date = Timestamp::now();
+    let clock = Instant::now();
+
+    println!("==> lab up");
+    let result = Lab::up(&lab_binary).and_then(|lab| {
+        let result = eval_in(&lab, &agent_binary, &scenarios, &options, &out_dir, &logs);
+        lab.stop_soak();
+        result
+    });
+    println!("==> lab down");
+    if let Err(error) = Lab::down() {
+        eprintln!("warning: lab down: {error:#}");
+    }
+    let (runs, soak) = result?;
+
+    let mut command_line = format!("cargo xtask eval --repeat {}", options.repeat);
+    if let Some(list) = &options.scenarios {
+        let _ = write!(command_line, " --scenarios {list}");
+    }
+    if options.no_soak {
+        command_line.push_str(" --no-soak");
+    } else {
+        let _ = write!(command_line, " --soak-minutes {}", options.soak_minutes);
+    }
+    let meta = Meta {
+        command: command_line,
+        date,
+        kernel: command::stdout(std::process::Command::new("uname").arg("-r"))
+            .map(|k| k.trim().to_string())
+            .unwrap_or_else(|_| "?".into()),
+        commit: command::stdout(std::process::Command::new("git").current_dir(&workspace.root).args([
+            "rev-parse",
+            "--short",
+            "HEAD",
+        ]))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_else(|_| "?".into()),
+        repeat: options.repeat,
+        soak_minutes: (!options.no_soak).then_some(options.soak_minutes),
+        total_seconds: clock.elapsed().as_secs_f64(),
+    };
+    write_results(&out_dir, &runs, soak.as_ref())?;
+    let report = render(&meta, &runs, soak.as_ref());
+    let path = workspace.root.join("EVALUATION.md");
+    fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
+    println!("\n{}", report.split("## Per scenario").next().unwrap_or(""));
+    println!("wrote {} and {}", path.display(), out_dir.join("results.json").display());
+    Ok(())
+}
+
+fn parse_scenarios(list: Option<&str>) -> anyhow::Result<Vec<Scenario>> {
+    let Some(list) = list else { return Ok(Scenario::ALL.to_vec()) };
+    let mut scenarios = Vec::new();
+    for name in list.split(',').filter(|name| !name.trim().is_empty()) {
+        let scenario = Scenario::parse(name).with_context(|| {
+            let names: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+            format!("unknown scenario {name:?}; one of: {}", names.join(", "))
+        })?;
+        if !scenarios.contains(&scenario) {
+            scenarios.push(scenario);
+        }
+    }
+    if scenarios.is_empty() {
+        bail!("--scenarios names no scenario");
+    }
+    Ok(scenarios)
+}
+
+fn eval_in(
+    lab: &Lab,
+    agent_binary: &Path,
+    scenarios: &[Scenario],
+    options: &EvalOptions,
+    out_dir: &Path,
+    logs: &Path,
+) -> anyhow::Result<(Vec<RunRecord>, Option<SoakRecord>)> {
+    let mut runs = Vec::new();
+    for repeat in 1..=options.repeat {
+        for &scenario in scenarios {
+            let run = run_once(lab, agent_binary, scenario, repeat, logs)
+                .with_context(|| format!("{scenario} run {repeat}"))?;
+            let a = assess(&run);
+            println!(
+                "    => {} incident(s); matched: {}; top cause {}; onset {} duration {} latency {} (prober), false {}",
+                run.incidents.len(),
+                a.matched.map_or("none".to_string(), |i| run.incidents[i].view.id.clone()),
+                a.matched.map_or("—".to_string(), |i| run.incidents[i].view.top_cause()),
+                signed(a.onset_error_prober),
+                signed(a.duration_error_prober),
+                plain(a.latency),
+                a.false_incidents
+            );
+            runs.push(run);
+            write_results(out_dir, &runs, None)?;
+        }
+    }
+    let soak = if options.no_soak { None } else { Some(run_soak(lab, agent_binary, options.soak_minutes, logs)?) };
+    Ok((runs, soak))
+}
+
+fn run_once(lab: &Lab, agent_binary: &Path, scenario: Scenario, repeat: u32, logs: &Path) -> anyhow::Result<RunRecord> {
+    let cold = repeat % 2 == 1;
+    let wait = if cold { COLD_WAIT } else { WARM_WAIT };
+    println!(
+        "==> {scenario} run {repeat} ({}, disrupting {} s after the agent is ready)",
+        if cold { "cold" } else { "warm" },
+        wait.as_secs()
+    );
+    let log = logs.join(format!("agent-{scenario}-{repeat}.log"));
+    let agent = LabAgent::start_fresh(agent_binary, lab, &log)?;
+    let agent_ready = Timestamp::now();
+    let poller = Poller::start()?;
+    thread::sleep(wait);
+    let report = lab.disrupt_with(scenario, &mut |at, step| println!("    {at:.3}  {step}"));
+    let report = match report {
+        Ok(report) => report,
+        Err(error) => {
+            poller.finish();
+            agent.stop();
+            return Err(error);
+        }
+    };
+    let after = Instant::now();
+    loop {
+        thread::sleep(Duration::from_millis(200));
+        let (count, all_closed) = poller.snapshot();
+        if (count == 0 && after.elapsed() >= NO_INCIDENT_WAIT)
+            || (count > 0 && all_closed)
+            || after.elapsed() >= CLOSE_TIMEOUT
+        {
+            break;
+        }
+    }
+    let (incidents, polls, errors) = poller.finish();
+    agent.stop();
+    if errors > polls / 2 {
+        eprintln!("warning: {errors} of {polls} polls of the agent failed (see {})", log.display());
+    }
+    Ok(record(lab, scenario, repeat, cold, agent_ready, &report, incidents))
+}
+
+fn record(
+    lab: &Lab,
+    scenario: Scenario,
+    repeat: u32,
+    cold: bool,
+    agent_ready: Timestamp,
+    report: &ScenarioReport,
+    incidents: Vec<SeenIncident>,
+) -> RunRecord {
+    // Re-read the UDP log now: a datagram is declared lost 1 s after sending, so the report's
+    // own window may lack the last losses.
+    let udp = probe_log::parse_udp(&fs::read_to_string(lab.udp_log()).unwrap_or_default());
+    let udp_loss = probe_log::udp_loss_window(&udp, report.started, report.finished).or(report.udp_loss.clone());
+    RunRecord {
+        scenario,
+        repeat,
+        cold,
+        agent_ready,
+        started: report.started,
+        finished: report.finished,
+        outage: report.outage.clone(),
+        udp_loss,
+        udp_sent: report.udp_sent,
+        udp_received: report.udp_received,
+        incidents,
+        report: serde_json::to_value(report).unwrap_or(Value::Null),
+    }
+}
+
+fn run_soak(lab: &Lab, agent_binary: &Path, minutes: f64, logs: &Path) -> anyhow::Result<SoakRecord> {
+    println!("==> soak: {minutes} min of natural traffic (no fault), fresh agent");
+    let log = logs.join("agent-soak.log");
+    let agent = LabAgent::start_fresh(agent_binary, lab, &log)?;
+    let poller = Poller::start()?;
+    thread::sleep(COLD_WAIT);
+    let started = Timestamp::now();
+    let soak = lab.start_soak();
+    let result = soak.map(|_| {
+        let until = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
+        let mut reported = 0;
+        while Instant::now() < until {
+            thread::sleep(Duration::from_secs(1).min(until.saturating_duration_since(Instant::now())));
+            let (count, _) = poller.snapshot();
+            if count != reported {
+                println!("    {:.3}  the agent reports {count} incident(s)", Timestamp::now());
+                reported = count;
+            }
+        }
+    });
+    let finished = Timestamp::now();
+    let (incidents, _, _) = poller.finish();
+    agent.stop();
+    lab.stop_soak();
+    result?;
+    let failed_probes: Vec<Timestamp> =
+        lab.probes(Some(started))?.into_iter().filter(|p| !p.ok && p.at <= finished).map(|p| p.at).collect();
+    let udp: Vec<UdpSecond> = probe_log::parse_udp(&fs::read_to_string(lab.udp_log()).unwrap_or_default())
+        .into_iter()
+        .filter(|s| s.at >= started)
+        .collect();
+    let (udp_sent, udp_received) = probe_log::udp_totals(&udp, started, finished);
+    // Soak daemons' own tallies, kept with the agent logs.
+    for name in ["soak-client", "soak-apiserver", "soak-web"] {
+        let _ = fs::copy(lab.logs_dir().join(format!("{name}.log")), logs.join(format!("{name}.log")));
+    }
+    Ok(SoakRecord { minutes, started, finished, incidents, failed_probes, udp, udp_sent, udp_received })
+}
+
+fn seen_json(seen: &SeenIncident) -> Value {
+    json!({ "first_seen": format!("{:.3}", seen.first_seen), "incident": seen.raw })
+}
+
+fn write_results(out_dir: &Path, runs: &[RunRecord], soak: Option<&SoakRecord>) -> anyhow::Result<()> {
+    let runs: Vec<Value> = runs
+        .iter()
+        .map(|run| {
+            let a = assess(run);
+            json!({
+                "scenario": run.scenario.name(),
+                "repeat": run.repeat,
+                "start": if run.cold { "cold" } else { "warm" },
+                "wait_seconds": if run.cold { COLD_WAIT.as_secs() } else { WARM_WAIT.as_secs() },
+                "agent_ready": format!("{:.3}", run.agent_ready),
+                "report": run.report,
+                "udp_loss": run.udp_loss.as_ref().map(|l| json!({
+                    "first_lost": format!("{:.3}", l.first_lost), "last_lost": format!("{:.3}", l.last_lost), "lost": l.lost,
+                })),
+                "incidents": run.incidents.iter().map(seen_json).collect::<Vec<_>>(),
+                "assessment": {
+                    "expected": expected_text(expected(run.scenario)),
+                    "matched": a.matched.map(|i| run.incidents[i].view.id.clone()),
+                    "top1_correct": a.top1_correct,
+                    "false_incidents": a.false_incidents,
+                    "onset_error_prober": a.onset_error_prober,
+                    "duration_error_prober": a.duration_error_prober,
+                    "onset_error_udp": a.onset_error_udp,
+                    "duration_error_udp": a.duration_error_udp,
+                    "latency": a.latency,
+                    "lost_reported": a.lost_reported,
+                    "lost_truth": a.lost_truth,
+                },
+            })
+        })
+        .collect();
+    let soak = soak.map(|soak| {
+        let (false_, real) = soak.counts();
+        json!({
+            "minutes": soak.minutes,
+            "started": format!("{:.3}", soak.started),
+            "finished": format!("{:.3}", soak.finished),
+            "incidents": soak.incidents.iter().map(seen_json).collect::<Vec<_>>(),
+            "false_incidents": false_,
+            "incidents_with_real_loss": real,
+            "failed_probes": soak.failed_probes.iter().map(|at| format!("{at:.3}")).collect::<Vec<_>>(),
+            "udp_sent": soak.udp_sent,
+            "udp_received": soak.udp_received,
+            "udp_lost": soak.udp.iter().map(|s| s.lost).sum::<u64>(),
+            "udp_loss_seconds": soak.udp.iter().filter(|s| s.lost > 0).map(|s| json!({
+                "at": format!("{:.3}", s.at),
+                "lost": s.lost,
+                "first_lost_at": s.first_lost_at.map(|t| format!("{t:.3}")),
+                "last_lost_at": s.last_lost_at.map(|t| format!("{t:.3}")),
+            })).collect::<Vec<_>>(),
+        })
+    });
+    let path: PathBuf = out_dir.join("results.json");
+    let text = serde_json::to_string_pretty(&json!({ "runs": runs, "soak": soak }))?;
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_and_plain_responses_parse() {
+        let plain = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n[]";
+        assert_eq!(parse_http_response(plain).unwrap(), "[]");
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n[{}\r\n1\r\n]\r\n0\r\n\r\n";
+        assert_eq!(parse_http_response(chunked).unwrap(), "[{}]");
+        assert!(parse_http_response(b"HTTP/1.1 503 Unavailable\r\n\r\n").is_err());
+    }
+}
