@@ -141,8 +141,9 @@ pub struct Conversation {
 }
 
 /// A stretch of packets with no answer for this long is loss, not latency: pod traffic on a
-/// node is answered in well under a millisecond, and even a 300 ms path answers within it.
-pub const UNANSWERED_AFTER_NS: u64 = 500_000_000;
+/// node is answered in well under a millisecond, and even a 300 ms path answers within it
+/// (TCP acknowledges within a round trip).
+pub const UNANSWERED_AFTER_NS: u64 = 400_000_000;
 /// UDP and ICMP: the other side must have spoken this recently for silence to be unexpected.
 pub const CONVERSATION_NS: u64 = 1_000_000_000;
 

@@ -162,7 +162,7 @@ impl Collector for SampleCollector {
         counter(
             &mut encoder,
             "datapath_unanswered_packets",
-            "Packets sent in this direction by conversations that got nothing back for 500 ms.",
+            "Packets sent in this direction by conversations that got nothing back for 400 ms.",
             per_direction(|c| c.unanswered),
         )?;
         counter(

@@ -240,56 +240,82 @@ impl Activity {
     }
 }
 
-/// Per-second counts of one class of evidence, and its baseline over calm seconds.
+/// Per-second counts of one class of evidence (with the interface's packets in that second),
+/// and its baseline over calm seconds.
 #[derive(Debug)]
 struct Baseline {
-    /// Calm seconds, oldest first.
-    calm: VecDeque<u64>,
+    /// Calm seconds (count, packets), oldest first.
+    calm: VecDeque<(u64, u64)>,
     /// Every second, calm or not (taken as the baseline when an incident hits the cap).
-    all: VecDeque<u64>,
+    all: VecDeque<(u64, u64)>,
     bucket_start_ns: u64,
-    bucket: u64,
+    bucket: (u64, u64),
     bucket_calm: bool,
+}
+
+/// `median + max(3·MAD, 3·√median)` of `values`: counts are noisy like Poisson counts, so the
+/// spread is at least √median. Returns (that, median).
+fn upper(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let values: Vec<f64> = values.collect();
+    let median = median_f(values.clone());
+    let mad = median_f(values.iter().map(|v| (v - median).abs()).collect());
+    (median + (3.0 * mad).max(3.0 * median.sqrt()), median)
 }
 
 impl Baseline {
     fn new(now_ns: u64) -> Self {
-        Self { calm: VecDeque::new(), all: VecDeque::new(), bucket_start_ns: now_ns, bucket: 0, bucket_calm: true }
+        Self { calm: VecDeque::new(), all: VecDeque::new(), bucket_start_ns: now_ns, bucket: (0, 0), bucket_calm: true }
     }
 
     fn warm(&self) -> bool {
         self.calm.len() >= BASELINE_MIN
     }
 
-    /// The most a calm second holds: `median + max(3·MAD, 3·√median)` (counts are noisy like
-    /// Poisson counts: the spread is at least √median). 0 without history.
+    /// The most a calm second holds ([`upper`] of the calm seconds' counts). 0 without history.
     fn expected_per_s(&self) -> f64 {
         if self.calm.is_empty() {
             return 0.0;
         }
-        let median = median_f(self.calm.iter().map(|v| *v as f64).collect());
-        let mad = median_f(self.calm.iter().map(|v| (*v as f64 - median).abs()).collect());
-        median + (3.0 * mad).max(3.0 * median.sqrt())
+        upper(self.calm.iter().map(|(count, _)| *count as f64)).0
     }
 
-    fn record(&mut self, now_ns: u64, count: u64, calm: bool, keep: usize) {
-        self.bucket += count;
+    /// The most a calm stretch of `seconds` carrying `packets` holds: the larger of the
+    /// per-second model and a per-packet one (the calm seconds' counts per packet, times `packets`, with its
+    /// Poisson spread), so that drops that grow with the traffic (a userspace switch's
+    /// `OTHERHOST`, one per frame) stay calm when the traffic grows, and drops that do not
+    /// (broadcasts) stay calm when it shrinks.
+    fn expected_in(&self, seconds: f64, packets: u64) -> f64 {
+        let per_second = self.expected_per_s() * seconds;
+        let ratios: Vec<f64> =
+            self.calm.iter().filter(|(_, p)| *p > 0).map(|(count, p)| *count as f64 / *p as f64).collect();
+        if ratios.is_empty() {
+            return per_second;
+        }
+        let (high, median) = upper(ratios.into_iter());
+        let per_packet = packets as f64 * high + 3.0 * (packets as f64 * median).sqrt();
+        per_second.max(per_packet)
+    }
+
+    fn record(&mut self, now_ns: u64, count: u64, packets: u64, calm: bool, keep: usize) {
+        self.bucket.0 += count;
+        self.bucket.1 += packets;
         self.bucket_calm &= calm;
         if now_ns.saturating_sub(self.bucket_start_ns) < SECOND_NS {
             return;
         }
         let seconds = (now_ns - self.bucket_start_ns) as f64 / 1e9;
-        let rate = (self.bucket as f64 / seconds).round() as u64;
+        let per_second = |n: u64| (n as f64 / seconds).round() as u64;
+        let second = (per_second(self.bucket.0), per_second(self.bucket.1));
         let keep = keep.max(BASELINE_MIN);
         for (list, take) in [(&mut self.calm, self.bucket_calm), (&mut self.all, true)] {
             if take {
-                list.push_back(rate);
+                list.push_back(second);
                 while list.len() > keep {
                     list.pop_front();
                 }
             }
         }
-        self.bucket = 0;
+        self.bucket = (0, 0);
         self.bucket_calm = true;
         self.bucket_start_ns = now_ns;
     }
@@ -305,9 +331,10 @@ impl Baseline {
 #[derive(Debug)]
 struct SampleInterval {
     at_ns: u64,
-    /// Loss evidence, benign-class drops.
+    /// Loss evidence, benign-class drops, packets.
     loss: u64,
     benign: u64,
+    packets: u64,
     /// The earliest evidence in this interval.
     onset_ns: Option<u64>,
     /// Counters at the previous sample.
@@ -398,8 +425,10 @@ impl InterfaceState {
         }
         let benign: u64 = benign_drops.values().sum();
         let loss = lost.evidence();
-        let benign_expected = self.benign_baseline.expected_per_s();
-        let benign_above = self.benign_baseline.warm() && benign > 0 && benign as f64 > benign_expected * dt_s;
+        let packets = delta.packets[0] + delta.packets[1];
+        let benign_above = self.benign_baseline.warm()
+            && benign > 0
+            && benign as f64 > self.benign_baseline.expected_in(dt_s, packets);
         if benign_above {
             for (reason, n) in benign_drops {
                 *lost.dropped.entry(reason).or_default() += n;
@@ -425,6 +454,7 @@ impl InterfaceState {
             at_ns: now_ns,
             loss,
             benign,
+            packets,
             onset_ns,
             before,
             evidence: evidence.clone(),
@@ -441,7 +471,12 @@ impl InterfaceState {
         let window_loss: u64 = self.window.iter().map(|t| t.loss).sum();
         let window_benign: u64 = self.window.iter().map(|t| t.benign).sum();
         let loss_excess = window_loss as f64 - loss_expected;
-        let benign_excess = if self.benign_baseline.warm() { window_benign as f64 - benign_expected } else { 0.0 };
+        let window_packets: u64 = self.window.iter().map(|t| t.packets).sum();
+        let benign_excess = if self.benign_baseline.warm() {
+            window_benign as f64 - self.benign_baseline.expected_in(1.0, window_packets)
+        } else {
+            0.0
+        };
         let floor = config.floor.max(1) as f64;
         let sample_loss_above = loss > 0 && loss as f64 > loss_expected * dt_s;
 
@@ -491,8 +526,8 @@ impl InterfaceState {
         // Baselines: only calm seconds count as calm.
         let calm = self.disruption.is_none();
         let keep = config.baseline_seconds;
-        self.loss_baseline.record(now_ns, loss, calm, keep);
-        self.benign_baseline.record(now_ns, benign, calm, keep);
+        self.loss_baseline.record(now_ns, loss, packets, calm, keep);
+        self.benign_baseline.record(now_ns, benign, packets, calm, keep);
         started
     }
 

@@ -400,6 +400,27 @@ fn bursty_benign_drops_at_agent_start_open_no_incident() {
     assert!(sim.engine.incidents().is_empty(), "{:#?}", sim.engine.incidents());
 }
 
+#[test]
+fn benign_drops_that_grow_or_shrink_with_the_traffic_open_no_incident() {
+    // A userspace switch's OTHERHOST: one per frame, so five times the traffic is five times
+    // the drops; then broadcasts that go on while the pod's own traffic stops.
+    let mut sim = Sim::new();
+    let otherhost = |from, to, rate| Rates {
+        interface: "veth0001",
+        from,
+        to,
+        drops: rate,
+        reason: "OTHERHOST",
+        packets_in: rate,
+        packets_out: rate,
+        ..Rates::default()
+    };
+    let broadcasts = Rates { drops: 5, reason: "OTHERHOST", ..burst("veth0001", 0.0, 80.0, 0) };
+    let rates = [otherhost(0.0, 20.0, 40), otherhost(20.0, 40.0, 200), otherhost(40.0, 50.0, 40), broadcasts];
+    sim.run(&["veth0001"], &rates, 0.0, 80.0);
+    assert!(sim.engine.incidents().is_empty(), "{:#?}", sim.engine.incidents());
+}
+
 /// Each evidence alone, from the agent's first sample or later: (what, starts at, expected
 /// incident). Loss-class evidence needs no warm-up; benign-class drops need a warm baseline.
 #[test]

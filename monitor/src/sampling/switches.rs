@@ -23,6 +23,8 @@ struct Switch {
     name: String,
     /// Packets (entered, left) of each port at the last sample.
     ports: HashMap<u32, [u64; 2]>,
+    /// Packets that entered, and those that left on no port, since it was first seen.
+    entered: u64,
     unforwarded: u64,
 }
 
@@ -44,7 +46,7 @@ fn through(link: &LinkFacts, counters: &InterfaceCounters) -> [u64; 2] {
 impl Switches {
     /// Takes one sample of the watched ports; returns, for each switch with two watched
     /// ports or more, a series named after the switch whose drops hold its unforwarded
-    /// packets under [`UNFORWARDED_REASON`].
+    /// packets under [`UNFORWARDED_REASON`] and whose ingress packets are those that entered.
     pub fn observe<'a>(
         &mut self,
         ports: impl Iterator<Item = (&'a LinkFacts, InterfaceCounters)>,
@@ -71,6 +73,7 @@ impl Switches {
                     left += packets[1].saturating_sub(before[1]);
                 }
             }
+            switch.entered += entered;
             switch.unforwarded += entered.saturating_sub(left);
             let watched_ports = ports.len();
             switch.ports = ports;
@@ -79,6 +82,11 @@ impl Switches {
                     interface: switch.name.clone(),
                     ifindex: master,
                     drops: BTreeMap::from([(UNFORWARDED_REASON.to_string(), switch.unforwarded)]),
+                    // What entered: the detector weighs unforwarded packets against it.
+                    counters: InterfaceCounters {
+                        ingress: monitor_common::DirectionCounters { packets: switch.entered, ..Default::default() },
+                        ..InterfaceCounters::default()
+                    },
                     ..InterfaceSeries::default()
                 });
             }
