@@ -11,7 +11,8 @@
 //!
 //! Each class has its own baseline: per-second counts in calm seconds, median and MAD over
 //! the last `baseline_seconds`. A disruption starts when a class's trailing second exceeds
-//! `median + max(3·MAD, 3·√median)` by at least `floor`; its onset is the earliest evidence in
+//! `median + max(3·MAD, 3·√median)` by at least `floor` (benign-class drops: and exceed the
+//! same bound per packet of the second's traffic, as many grow with it); its onset is the earliest evidence in
 //! that second (a drop's sample interval, the start of an unanswered stretch, the interval of
 //! an unanswered SYN). It goes on while samples stay above the baseline with the trailing
 //! second at least `floor / 2` over it, and ends `quiet` after the last such sample, at that
