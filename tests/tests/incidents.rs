@@ -29,6 +29,19 @@ fn incidents(agent: &Agent) -> Result<Vec<Value>> {
     Ok(agent.get_json("/api/v1/incidents")?.as_array().context("incidents array")?.clone())
 }
 
+/// The incidents once the newest has closed (at most 15 s).
+fn closed_incidents(agent: &Agent) -> Result<Vec<Value>> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let all = incidents(agent)?;
+        if all.first().is_some_and(|i| i["active"] == false) {
+            return Ok(all);
+        }
+        ensure!(Instant::now() < deadline, "incident still active: {all:#?}");
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
 fn a_drop_rule_after_a_restart_is_one_incident_attributed_to_the_restart() -> Result<()> {
@@ -75,15 +88,7 @@ fn a_drop_rule_after_a_restart_is_one_incident_attributed_to_the_restart() -> Re
     println!("detection latency (DROP rule inserted → incident in /api/v1/incidents): {latency:?}");
 
     // Closed after the quiet period.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let all = loop {
-        let all = incidents(&agent)?;
-        if all.first().is_some_and(|i| i["active"] == false) {
-            break all;
-        }
-        ensure!(Instant::now() < deadline, "incident still active: {all:#?}");
-        thread::sleep(Duration::from_millis(200));
-    };
+    let all = closed_incidents(&agent)?;
     println!("{}", serde_json::to_string_pretty(&all)?);
     ensure!(all.len() == 1, "expected exactly one incident: {all:#?}");
     let incident = &all[0];
@@ -212,15 +217,7 @@ fn a_fault_two_seconds_after_the_agent_is_ready_is_one_incident_counting_what_wa
     let latency = latency.context("no incident visible while the DROP rule was in place")?;
     println!("detection latency (DROP rule inserted 2 s after the agent was ready → incident visible): {latency:?}");
 
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let all = loop {
-        let all = incidents(&agent)?;
-        if all.first().is_some_and(|i| i["active"] == false) {
-            break all;
-        }
-        ensure!(Instant::now() < deadline, "incident still active: {all:#?}");
-        thread::sleep(Duration::from_millis(200));
-    };
+    let all = closed_incidents(&agent)?;
     println!("{}", serde_json::to_string_pretty(&all)?);
     ensure!(all.len() == 1, "expected exactly one incident: {all:#?}");
     let incident = &all[0];
@@ -330,15 +327,7 @@ fn packets_a_bridge_forwards_to_no_port_are_lost_on_the_switch() -> Result<()> {
     let after = counts();
     let lost = (after.0 - before.0) - (after.1 - before.1);
 
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let all = loop {
-        let all = incidents(&agent)?;
-        if all.first().is_some_and(|i| i["active"] == false) {
-            break all;
-        }
-        ensure!(Instant::now() < deadline, "no closed incident: {all:#?}");
-        thread::sleep(Duration::from_millis(200));
-    };
+    let all = closed_incidents(&agent)?;
     stop.store(true, Ordering::Relaxed);
     let _ = (sender.join(), receiver.join());
     println!("{}", serde_json::to_string_pretty(&all)?);
