@@ -268,42 +268,22 @@ impl Datapath {
 
     /// Removes drop entries of devices that no longer exist, after their final read.
     pub fn forget_drops<F: Fn(&DropKey) -> bool>(&mut self, gone: F) {
-        let keys: Vec<DropKey> = self.drops.keys().filter_map(Result::ok).filter(|k| gone(k)).collect();
-        for key in keys {
-            let _ = self.drops.remove(&key);
-        }
+        forget_keys(&mut self.drops, gone);
     }
 
     /// Drop counters by (netns, ifindex, reason), summed over CPUs.
     pub fn read_drops(&self) -> Vec<(DropKey, u64)> {
-        let mut drops = Vec::new();
-        for entry in self.drops.iter() {
-            match entry {
-                Ok((key, values)) => drops.push((key, values.iter().sum())),
-                Err(error) => debug!(%error, "reading drop counters"),
-            }
-        }
-        drops
+        read_summed(&self.drops, "drop")
     }
 
     /// Removes retransmit entries that no longer belong to anyone, after their final read.
     pub fn forget_retransmits<F: Fn(&RetransmitKey) -> bool>(&mut self, gone: F) {
-        let keys: Vec<RetransmitKey> = self.retransmits.keys().filter_map(Result::ok).filter(|k| gone(k)).collect();
-        for key in keys {
-            let _ = self.retransmits.remove(&key);
-        }
+        forget_keys(&mut self.retransmits, gone);
     }
 
     /// TCP data retransmit counters by (socket netns, family, destination), summed over CPUs.
     pub fn read_retransmits(&self) -> Vec<(RetransmitKey, u64)> {
-        let mut retransmits = Vec::new();
-        for entry in self.retransmits.iter() {
-            match entry {
-                Ok((key, values)) => retransmits.push((key, values.iter().sum())),
-                Err(error) => debug!(%error, "reading retransmit counters"),
-            }
-        }
-        retransmits
+        read_summed(&self.retransmits, "retransmit")
     }
 
     /// Reads every counter the kernel keeps, summed over CPUs.
@@ -341,6 +321,26 @@ pub fn release_freed_memory() {
     // SAFETY: malloc_trim only releases free memory; no pointer is invalidated.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// Every entry of a per-CPU counter map, summed over CPUs; unreadable entries are logged.
+fn read_summed<K: aya::Pod>(map: &PerCpuHashMap<MapData, K, u64>, what: &str) -> Vec<(K, u64)> {
+    let mut counts = Vec::new();
+    for entry in map.iter() {
+        match entry {
+            Ok((key, values)) => counts.push((key, values.iter().sum())),
+            Err(error) => debug!(%error, "reading {what} counters"),
+        }
+    }
+    counts
+}
+
+/// Removes the entries of a per-CPU counter map whose keys are `gone`.
+fn forget_keys<K: aya::Pod>(map: &mut PerCpuHashMap<MapData, K, u64>, gone: impl Fn(&K) -> bool) {
+    let keys: Vec<K> = map.keys().filter_map(Result::ok).filter(|k| gone(k)).collect();
+    for key in keys {
+        let _ = map.remove(&key);
     }
 }
 
