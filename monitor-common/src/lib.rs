@@ -6,8 +6,8 @@
 
 /// Per direction counters of one interface, incremented in place by the tc programs.
 ///
-/// Every field but `unanswered_since_ns` is a count; per-CPU copies are summed, except
-/// that field, whose copies are combined by `max`.
+/// Every field but the two `unanswered_*_ns` times is a count; per-CPU copies are summed,
+/// except those times, whose copies are combined by `max`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DirectionCounters {
@@ -29,13 +29,25 @@ pub struct DirectionCounters {
     pub unanswered: u64,
     /// `bpf_ktime_get_coarse_ns()` at which the latest counted one-sided stretch began.
     pub unanswered_since_ns: u64,
+    /// `bpf_ktime_get_coarse_ns()` of the latest packet counted in `unanswered`: where a
+    /// disruption's evidence ends, to the jiffy rather than to the agent's sample.
+    pub unanswered_last_ns: u64,
 }
 
 impl DirectionCounters {
-    /// Folds another CPU's copy in: counts add, the stretch start is the latest.
+    /// Folds another CPU's copy in: counts add, the times are the latest.
     pub fn add(&mut self, other: &Self) {
-        let Self { packets, bytes, tcp_resets, syn_retransmits, syns, syns_answered, unanswered, unanswered_since_ns } =
-            other;
+        let Self {
+            packets,
+            bytes,
+            tcp_resets,
+            syn_retransmits,
+            syns,
+            syns_answered,
+            unanswered,
+            unanswered_since_ns,
+            unanswered_last_ns,
+        } = other;
         self.packets += packets;
         self.bytes += bytes;
         self.tcp_resets += tcp_resets;
@@ -44,6 +56,7 @@ impl DirectionCounters {
         self.syns_answered += syns_answered;
         self.unanswered += unanswered;
         self.unanswered_since_ns = self.unanswered_since_ns.max(*unanswered_since_ns);
+        self.unanswered_last_ns = self.unanswered_last_ns.max(*unanswered_last_ns);
     }
 }
 
@@ -313,9 +326,9 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<DirectionCounters>(), 64);
-        assert_eq!(size_of::<InterfaceCounters>(), 128);
-        assert_eq!(size_of::<InterfaceSlot>(), 4 + 4 + 128);
+        assert_eq!(size_of::<DirectionCounters>(), 9 * 8);
+        assert_eq!(size_of::<InterfaceCounters>(), 2 * 9 * 8);
+        assert_eq!(size_of::<InterfaceSlot>(), 4 + 4 + 2 * 9 * 8);
         assert_eq!(size_of::<ConversationSide>(), 8 + 8 + 4 + 4);
         assert_eq!(size_of::<Conversation>(), 8 + 2 * 24);
         assert!(CONVERSATIONS_MAX.is_power_of_two());

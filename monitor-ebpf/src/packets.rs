@@ -304,6 +304,7 @@ fn converse(
         } else {
             direction.unanswered += 1;
         }
+        direction.unanswered_last_ns = now;
     }
 }
 

@@ -16,7 +16,8 @@
 //! that second (a drop's sample interval, the start of an unanswered stretch, the interval of
 //! an unanswered SYN). It goes on while samples stay above the baseline with the trailing
 //! second at least `floor / 2` over it, and ends `quiet` after the last such sample, at that
-//! sample (the engine ends it; see [`super::engine`]). Both directions going quiet is idle:
+//! sample's latest evidence (the kernel's time of the last unanswered packet, else the sample;
+//! the engine ends it, see [`super::engine`]). Both directions going quiet is idle:
 //! [`Activity`] only tells the engine which interfaces fell silent during an incident.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -115,6 +116,7 @@ pub(super) struct Counters {
     answered: [u64; 2],
     unanswered: [u64; 2],
     unanswered_since_ns: u64,
+    unanswered_last_ns: u64,
 }
 
 impl Counters {
@@ -132,6 +134,7 @@ impl Counters {
             answered: both(|d| d.syns_answered),
             unanswered: both(|d| d.unanswered),
             unanswered_since_ns: c.ingress.unanswered_since_ns.max(c.egress.unanswered_since_ns),
+            unanswered_last_ns: c.ingress.unanswered_last_ns.max(c.egress.unanswered_last_ns),
         }
     }
 
@@ -155,6 +158,7 @@ impl Counters {
             answered: pair(self.answered, earlier.answered),
             unanswered: pair(self.unanswered, earlier.unanswered),
             unanswered_since_ns: self.unanswered_since_ns,
+            unanswered_last_ns: self.unanswered_last_ns,
         }
     }
 
@@ -336,8 +340,9 @@ struct SampleInterval {
     loss: u64,
     benign: u64,
     packets: u64,
-    /// The earliest evidence in this interval.
+    /// The earliest and the latest evidence in this interval.
     onset_ns: Option<u64>,
+    last_evidence_ns: Option<u64>,
     /// Counters at the previous sample.
     before: Counters,
     evidence: Evidence,
@@ -346,7 +351,10 @@ struct SampleInterval {
 /// A disruption of one interface, going on.
 #[derive(Debug)]
 pub(super) struct Disruption {
+    /// The latest sample still above the baseline: `quiet` after it, the disruption ends.
     pub(super) last_bad_ns: u64,
+    /// The time of the latest evidence of those samples: the disruption's end.
+    pub(super) last_evidence_ns: u64,
     pub(super) start: Counters,
     /// Counters at `last_bad_ns`.
     pub(super) end: Counters,
@@ -448,6 +456,22 @@ impl InterfaceState {
         }
         onsets.extend(syn_onset);
         let onset_ns = onsets.into_iter().min();
+        // The latest evidence: a counted unanswered packet has its kernel time; drops,
+        // retransmits and unanswered SYNs have none finer than this sample.
+        let last_evidence_ns = if !lost.dropped.is_empty() || lost.retransmitted > 0 || unanswered_syns != [0, 0] {
+            Some(now_ns)
+        } else if unanswered_flows > 0 {
+            let last = current.unanswered_last_ns;
+            // The coarse clock may lag the sample's by a jiffy; a time outside the interval
+            // (a kernel without it, a stale value) falls back to the sample.
+            Some(if last > prev_ns.saturating_sub(SECOND_NS / 10) && last <= now_ns {
+                last.max(prev_ns)
+            } else {
+                now_ns
+            })
+        } else {
+            None
+        };
 
         let before = std::mem::replace(&mut self.last, current.clone());
         let evidence = Evidence { lost, unanswered, syn_retransmits: delta.syn_retransmits };
@@ -457,6 +481,7 @@ impl InterfaceState {
             benign,
             packets,
             onset_ns,
+            last_evidence_ns,
             before,
             evidence: evidence.clone(),
         });
@@ -503,8 +528,11 @@ impl InterfaceState {
                     for t in &self.window {
                         total.add(&t.evidence);
                     }
+                    let last_evidence_ns =
+                        self.window.iter().filter_map(|t| t.last_evidence_ns).max().unwrap_or(now_ns);
                     self.disruption = Some(Disruption {
                         last_bad_ns: now_ns,
+                        last_evidence_ns,
                         start: first.before.clone(),
                         end: current.clone(),
                         lost: total,
@@ -519,6 +547,7 @@ impl InterfaceState {
                 let half = (floor / 2.0).max(1.0);
                 if (sample_loss_above && loss_excess >= half) || (benign_above && benign_excess >= half) {
                     disruption.last_bad_ns = now_ns;
+                    disruption.last_evidence_ns = last_evidence_ns.unwrap_or(now_ns);
                     disruption.end = current.clone();
                 }
             }

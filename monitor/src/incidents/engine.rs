@@ -277,7 +277,7 @@ impl IncidentEngine {
         let member = open.members.entry(iface.name.clone()).or_default();
         member.ended.add(&disruption.end.since(&disruption.start));
         member.lost.add(&disruption.lost);
-        member.last_end_ns = member.last_end_ns.max(disruption.last_bad_ns);
+        member.last_end_ns = member.last_end_ns.max(disruption.last_evidence_ns);
     }
 
     /// The open incident as a record, as of `now_ns`.
@@ -298,7 +298,7 @@ impl IncidentEngine {
                 active = true;
                 counters.add(&d.end.since(&d.start));
                 lost.add(&d.lost);
-                end_ns = end_ns.max(d.last_bad_ns);
+                end_ns = end_ns.max(d.last_evidence_ns);
             }
             if iface.is_none_or(|i| i.is_pod_veth) {
                 pod_veths += 1;

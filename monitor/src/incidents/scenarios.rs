@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use super::{EngineConfig, IncidentEngine, IncidentUpdate, detection::SECOND_NS, record::IncidentInterface};
 use crate::{
     lifecycle::{
-        clock::Stamp,
+        clock::{Stamp, rfc3339},
         timeline::{Event, EventKind, Timeline},
     },
     sampling::sampler::InterfaceSeries,
@@ -57,6 +57,7 @@ struct Totals {
     unanswered: f64,
     unanswered_out: f64,
     unanswered_since_ns: u64,
+    unanswered_last_ns: u64,
     syns: f64,
     answered: f64,
     syn_retransmits: f64,
@@ -106,20 +107,27 @@ impl Sim {
                 .enumerate()
                 .map(|(i, name)| {
                     let total = self.totals.entry(name).or_default();
-                    for r in rates.iter().filter(|r| r.interface == *name && t > r.from && t <= r.to + 1e-9) {
+                    let tick = TICK_NS as f64 / 1e9;
+                    for r in rates.iter().filter(|r| r.interface == *name && t > r.from && t - tick < r.to - 1e-9) {
+                        // The part of this tick's interval the range covers (ranges may end
+                        // between two samples).
+                        let part = (t.min(r.to) - (t - tick).max(r.from)) / tick;
+                        let per_tick = |rate: u64| rate as f64 / 4.0 * part;
                         let reason = if r.reason.is_empty() { "NO_SOCKET" } else { r.reason };
-                        *total.drops.entry(reason).or_default() += r.drops as f64 / 4.0;
-                        total.packets[0] += r.packets_in as f64 / 4.0;
-                        total.packets[1] += r.packets_out as f64 / 4.0;
+                        *total.drops.entry(reason).or_default() += per_tick(r.drops);
+                        total.packets[0] += per_tick(r.packets_in);
+                        total.packets[1] += per_tick(r.packets_out);
                         if r.unanswered > 0 || r.unanswered_out > 0 {
-                            total.unanswered += r.unanswered as f64 / 4.0;
-                            total.unanswered_out += r.unanswered_out as f64 / 4.0;
+                            total.unanswered += per_tick(r.unanswered);
+                            total.unanswered_out += per_tick(r.unanswered_out);
                             total.unanswered_since_ns = at(r.from);
+                            // The kernel's time of the latest unanswered packet.
+                            total.unanswered_last_ns = at(t.min(r.to));
                         }
-                        total.syns += r.syns as f64 / 4.0;
-                        total.answered += r.answered as f64 / 4.0;
-                        total.syn_retransmits += r.syn_retransmits as f64 / 4.0;
-                        total.data_retransmits += r.data_retransmits as f64 / 4.0;
+                        total.syns += per_tick(r.syns);
+                        total.answered += per_tick(r.answered);
+                        total.syn_retransmits += per_tick(r.syn_retransmits);
+                        total.data_retransmits += per_tick(r.data_retransmits);
                     }
                     let drops = total
                         .drops
@@ -137,6 +145,7 @@ impl Sim {
                                 packets: total.packets[0] as u64,
                                 unanswered: total.unanswered as u64,
                                 unanswered_since_ns: total.unanswered_since_ns,
+                                unanswered_last_ns: total.unanswered_last_ns,
                                 syns: total.syns as u64,
                                 syns_answered: total.answered as u64,
                                 syn_retransmits: total.syn_retransmits as u64,
@@ -146,6 +155,7 @@ impl Sim {
                                 packets: total.packets[1] as u64,
                                 unanswered: total.unanswered_out as u64,
                                 unanswered_since_ns: total.unanswered_since_ns,
+                                unanswered_last_ns: total.unanswered_last_ns,
                                 ..Default::default()
                             },
                         },
@@ -490,6 +500,26 @@ fn unanswered_evidence_counts_lost_packets_and_is_seen_within_a_second() {
     assert!(incident.message.contains("160 packets lost (160 unanswered)"), "{}", incident.message);
     let seen = sim.first_seen[&incident.id];
     assert!(seen - 10.0 <= 1.0, "seen {seen}");
+}
+
+#[test]
+fn an_incident_ends_at_its_last_unanswered_packet_not_at_the_next_sample() {
+    let mut sim = Sim::new();
+    // The answers come back at 18.1 s, between the samples at 18.0 and 18.25 s.
+    let rates = [steady("veth0001", 40.0), one_sided("veth0001", 10.0, 18.1)];
+    sim.run(&["veth0001"], &rates, 0.0, 40.0);
+    let incidents = sim.engine.incidents();
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    let incident = &incidents[0];
+    assert_eq!(incident.start, rfc3339(stamp(10.0).wall), "{incident:#?}");
+    assert_eq!(incident.end, Some(rfc3339(stamp(18.1).wall)), "{incident:#?}");
+    assert!((incident.duration_seconds - 8.1).abs() < 1e-6, "{}", incident.duration_seconds);
+    // Drops have no kernel time: their incident ends at the sample that counted the last.
+    let mut sim = Sim::new();
+    let rates = [steady("veth0001", 40.0), burst("veth0001", 10.0, 18.1, 100)];
+    sim.run(&["veth0001"], &rates, 0.0, 40.0);
+    let incidents = sim.engine.incidents();
+    assert_eq!(incidents[0].end, Some(rfc3339(stamp(18.25).wall)), "{incidents:#?}");
 }
 
 #[test]
