@@ -41,7 +41,9 @@ pub enum Role {
     Other,
 }
 
-pub fn process_role(comm: &str) -> Role {
+/// The role of a watched process, by its name (`comm`, or `comm(instance)`).
+pub fn process_role(name: &str) -> Role {
+    let comm = crate::lifecycle::processes::comm_of(name);
     if comm == "ovs-vswitchd" {
         Role::Datapath
     } else if comm.starts_with("openshift-sdn") || comm.starts_with("ovn-controller") || comm.starts_with("ovnkube") {

@@ -10,17 +10,21 @@
 //! - `process_restart` right after a start that follows an exit of the same name within the
 //!   restart window (`started again 8.02 s after pid 1234 was killed by SIGTERM`).
 //!
+//! Processes of one comm that are separate services (OVN-Kubernetes' three `ovsdb-server`s) are
+//! named by instance, `ovsdb-server(ovnnb_db)`, from their command line (see [`instances`]).
+//!
 //! Reports alone do not see everything, so `/proc` fills the gaps: it gives the processes
 //! already running at start-up (state, no events), the child a daemon leaves behind when its
 //! parent exits after a fork (a rescan of the name after every exit), and, periodically,
 //! processes that vanished or were renamed without a report (the ring buffer may overflow).
 
 mod exit_status;
+mod instances;
 mod proc_scan;
 mod tracker;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -33,8 +37,9 @@ use serde::Serialize;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-pub use self::exit_status::ExitStatus;
+pub use self::{exit_status::ExitStatus, instances::comm_of};
 use self::{
+    instances::{InstanceNames, is_instanced},
     proc_scan::{PROC, scan_proc},
     tracker::{Handoff, Observation, ProcessTracker},
 };
@@ -74,7 +79,8 @@ pub struct ProcessSnapshot {
 /// One watched process name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ProcessState {
-    /// Kernel comm name (at most 15 bytes).
+    /// Kernel comm name (at most 15 bytes), or `comm(instance)` for one instance of a comm
+    /// that runs several services (`ovsdb-server(ovnnb_db)`).
     pub name: String,
     /// Pids (thread group ids) running under this name, ascending.
     pub running: Vec<u32>,
@@ -110,12 +116,10 @@ pub fn start(
         }
     }
     let proc_root = PathBuf::from(PROC);
-    let mut tracker = ProcessTracker::new(&watched, restart_window);
+    let tracker = Mutex::new(ProcessTracker::new(&watched, restart_window));
+    let mut instances = InstanceNames::default();
     let found = scan_proc(&proc_root, &watched).with_context(|| format!("scanning {PROC} for SDN processes"))?;
-    let seen_ns = monotonic_ns();
-    for name in &watched {
-        tracker.resync(name, found.get(name).unwrap_or(&BTreeSet::new()), seen_ns, false);
-    }
+    apply_scan(&tracker, &mut instances, &proc_root, &watched, found, false);
     let (reports, resync_every) = match probe {
         Some(probe) => {
             let reports = probe.into_reports().context("polling the process event ring buffer")?;
@@ -123,8 +127,9 @@ pub fn start(
         }
         None => (None, RESYNC_WITHOUT_PROBE),
     };
-    let tracker = Arc::new(Mutex::new(tracker));
-    let task = tokio::spawn(follow(reports, Arc::clone(&tracker), timeline, proc_root, watched, resync_every));
+    let tracker = Arc::new(tracker);
+    let task =
+        tokio::spawn(follow(reports, Arc::clone(&tracker), instances, timeline, proc_root, watched, resync_every));
     Ok((ProcessWatcher { tracker }, task))
 }
 
@@ -132,6 +137,7 @@ pub fn start(
 async fn follow(
     mut reports: Option<ProcessReports>,
     tracker: Arc<Mutex<ProcessTracker>>,
+    mut instances: InstanceNames,
     timeline: Arc<Timeline>,
     proc_root: PathBuf,
     names: Vec<String>,
@@ -146,7 +152,7 @@ async fn follow(
         let batch = tokio::select! {
             batch = next_batch(&mut reports) => batch,
             _ = ticker.tick() => {
-                rescan(&tracker, &proc_root, &names, false);
+                rescan(&tracker, &mut instances, &proc_root, &names, false);
                 continue;
             }
         };
@@ -165,18 +171,28 @@ async fn follow(
                 debug!(?raw, "unreadable process event");
                 continue;
             };
+            // An exec of an instanced comm is named by its command line, read now (outside
+            // the lock); its exit finds the instance from the pid.
+            let observation = if observation.is_exec() && is_instanced(observation.name()) {
+                let name = instances.name(&proc_root, observation.name(), observation.pid);
+                observation.named(name)
+            } else {
+                observation
+            };
             debug!(?observation, ppid = raw.ppid, "process event");
             let pid = observation.pid;
             for event in lock(&tracker).observe(observation) {
-                if event.kind == EventKind::ProcessExit && !exited.contains(&event.subject) {
-                    exited.push(event.subject.clone());
+                let comm = comm_of(&event.subject).to_string();
+                if event.kind == EventKind::ProcessExit && !exited.contains(&comm) {
+                    exited.push(comm);
                 }
                 events.push((pid, event));
             }
         }
         // Who carries on: a daemon's child that the exit left behind, or nobody. Its
         // parent's exit is recorded as a hand-off, never as a cause of an incident.
-        let handoffs = if exited.is_empty() { Vec::new() } else { rescan(&tracker, &proc_root, &exited, true) };
+        let handoffs =
+            if exited.is_empty() { Vec::new() } else { rescan(&tracker, &mut instances, &proc_root, &exited, true) };
         for (pid, event) in events {
             let handoff = (event.kind == EventKind::ProcessExit)
                 .then(|| handoffs.iter().find(|h| h.name == event.subject && h.parent == pid))
@@ -197,21 +213,53 @@ async fn next_batch(reports: &mut Option<ProcessReports>) -> io::Result<Vec<Proc
     }
 }
 
-fn rescan(tracker: &Mutex<ProcessTracker>, proc_root: &Path, names: &[String], take_over: bool) -> Vec<Handoff> {
-    match scan_proc(proc_root, names) {
-        Ok(found) => {
-            let seen_ns = monotonic_ns();
-            let mut tracker = lock(tracker);
-            names
-                .iter()
-                .flat_map(|name| tracker.resync(name, found.get(name).unwrap_or(&BTreeSet::new()), seen_ns, take_over))
-                .collect()
-        }
+/// Rescans /proc for the processes of `comms` and makes the tracker match.
+fn rescan(
+    tracker: &Mutex<ProcessTracker>,
+    instances: &mut InstanceNames,
+    proc_root: &Path,
+    comms: &[String],
+    take_over: bool,
+) -> Vec<Handoff> {
+    match scan_proc(proc_root, comms) {
+        Ok(found) => apply_scan(tracker, instances, proc_root, comms, found, take_over),
         Err(error) => {
             warn!(%error, "scanning {} for SDN processes", proc_root.display());
             Vec::new()
         }
     }
+}
+
+/// Applies a scan of `comms` (pids by comm): each pid under its instance name (command lines
+/// read before the lock is taken), every known name of each comm resynced.
+fn apply_scan(
+    tracker: &Mutex<ProcessTracker>,
+    instances: &mut InstanceNames,
+    proc_root: &Path,
+    comms: &[String],
+    found: BTreeMap<String, BTreeSet<u32>>,
+    take_over: bool,
+) -> Vec<Handoff> {
+    let seen_ns = monotonic_ns();
+    let mut named: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+    for (comm, pids) in found {
+        for pid in pids {
+            named.entry(instances.name(proc_root, &comm, pid)).or_default().insert(pid);
+        }
+    }
+    let mut tracker = lock(tracker);
+    let mut handoffs = Vec::new();
+    let none = BTreeSet::new();
+    for comm in comms {
+        let mut names = tracker.names_of(comm);
+        names.extend(
+            named.keys().filter(|name| comm_of(name) == comm && !names.contains(name)).cloned().collect::<Vec<_>>(),
+        );
+        for name in names {
+            handoffs.extend(tracker.resync(&name, named.get(&name).unwrap_or(&none), seen_ns, take_over));
+        }
+    }
+    handoffs
 }
 
 #[cfg(test)]
@@ -344,6 +392,115 @@ mod tests {
         assert!(programs.iter().any(|p| p.program == "process_exec"), "{programs:?}");
         assert!(programs.iter().any(|p| p.program == "process_exit"), "{programs:?}");
 
+        task.abort();
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Real `ovsdb-server`s of two databases: the one killed and started again is named, the
+    /// other is not touched.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs root, BTF, tracefs and ovsdb-server (openvswitch-switch)"]
+    async fn ovsdb_server_instances_are_told_apart() {
+        use std::{
+            process::{Child, Command, Stdio},
+            time::Instant,
+        };
+
+        use nix::{
+            sys::signal::{Signal, kill},
+            unistd::Pid,
+        };
+
+        use crate::datapath::{Datapath, DatapathOptions, mounts};
+
+        const SCHEMA: &str = "/usr/share/openvswitch/vswitch.ovsschema";
+        let root = std::env::temp_dir().join(format!("dm-ovsdb-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        let (nb, sb) = ("dmtest_nb", "dmtest_sb");
+        for db in [nb, sb] {
+            let status = Command::new("ovsdb-tool")
+                .args(["create", &root.join(format!("{db}.db")).to_string_lossy(), SCHEMA])
+                .status()
+                .expect("ovsdb-tool (openvswitch-switch)");
+            assert!(status.success());
+        }
+        // In the foreground, as OVN-Kubernetes' containers run them.
+        let serve = |db: &str| -> Child {
+            Command::new("ovsdb-server")
+                .arg(root.join(format!("{db}.db")))
+                .arg(format!("--remote=punix:{}", root.join(format!("{db}.sock")).display()))
+                .arg(format!("--unixctl={}", root.join(format!("{db}.ctl")).display()))
+                .arg(format!("--log-file={}", root.join(format!("{db}.log")).display()))
+                .args(["--no-chdir", "-vconsole:off"])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let sb_server = serve(sb);
+
+        mounts::ensure_mounted().unwrap();
+        let mut datapath = Datapath::load(DatapathOptions::default()).unwrap();
+        let probe = datapath.start_process_probe(&["ovsdb-server".to_string()]).unwrap();
+        let timeline = Arc::new(Timeline::new(100));
+        let (watcher, task) =
+            start(Some(probe), vec!["ovsdb-server".to_string()], Duration::from_secs(60), Arc::clone(&timeline))
+                .unwrap();
+        let names = |watcher: &ProcessWatcher| -> Vec<String> {
+            watcher.snapshot().processes.into_iter().map(|p| p.name).collect()
+        };
+        assert!(names(&watcher).contains(&format!("ovsdb-server({sb})")), "{:?}", names(&watcher));
+
+        async fn events_of(timeline: &Timeline, subject: &str, count: usize) -> Vec<(EventKind, String)> {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let events: Vec<_> = timeline
+                    .events(None)
+                    .into_iter()
+                    .filter(|event| event.subject == subject)
+                    .map(|event| (event.kind, event.detail))
+                    .collect();
+                if events.len() >= count || Instant::now() > deadline {
+                    return events;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+
+        let subject = format!("ovsdb-server({nb})");
+        let mut first = serve(nb);
+        let a = first.id();
+        events_of(&timeline, &subject, 1).await;
+        kill(Pid::from_raw(a as i32), Signal::SIGTERM).unwrap();
+        first.wait().unwrap();
+        events_of(&timeline, &subject, 2).await;
+        let second = serve(nb);
+        let b = second.id();
+        let events = events_of(&timeline, &subject, 4).await;
+        eprintln!("{:#?}", timeline.events(None));
+        assert_eq!(
+            events[..3],
+            [
+                (EventKind::ProcessStart, format!("pid {a}")),
+                (EventKind::ProcessExit, format!("pid {a} killed by SIGTERM")),
+                (EventKind::ProcessStart, format!("pid {b}")),
+            ]
+        );
+        assert_eq!(events[3].0, EventKind::ProcessRestart);
+        assert!(events[3].1.ends_with(&format!("after pid {a} was killed by SIGTERM")), "{:?}", events[3]);
+        // The other database's server: no event, still running under its own name.
+        let sb_events = events_of(&timeline, &format!("ovsdb-server({sb})"), 1).await;
+        assert!(sb_events.is_empty(), "{sb_events:?}");
+        let snapshot = watcher.snapshot();
+        let sb_state = snapshot.processes.iter().find(|p| p.name == format!("ovsdb-server({sb})")).unwrap();
+        assert_eq!(sb_state.running, [sb_server.id()]);
+        let nb_state = snapshot.processes.iter().find(|p| p.name == subject).unwrap();
+        assert_eq!((nb_state.running.clone(), nb_state.restarts), (vec![b], 1));
+
+        for mut child in [second, sb_server] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         task.abort();
         fs::remove_dir_all(&root).unwrap();
     }

@@ -9,7 +9,11 @@ use std::{
 use monitor_common::{COMM_LEN, PROCESS_EVENT_EXEC, PROCESS_EVENT_EXIT, ProcessEvent};
 use tracing::debug;
 
-use super::{ProcessSnapshot, ProcessState, exit_status::ExitStatus};
+use super::{
+    ProcessSnapshot, ProcessState,
+    exit_status::ExitStatus,
+    instances::{MAX_INSTANCES, comm_of},
+};
 use crate::lifecycle::{
     clock::{Stamp, rfc3339},
     timeline::{Event, EventKind},
@@ -60,6 +64,20 @@ impl Observation {
         let end = event.comm.iter().position(|b| *b == 0).unwrap_or(COMM_LEN);
         let name = String::from_utf8_lossy(&event.comm[..end]).into_owned();
         Some(Self { name, pid: event.tgid, stamp, change })
+    }
+
+    /// The comm, or the instance name an exec's command line gave.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(super) fn is_exec(&self) -> bool {
+        self.change == Change::Exec
+    }
+
+    /// Names this report by the process's instance (`comm(instance)`).
+    pub(super) fn named(self, name: String) -> Self {
+        Self { name, ..self }
     }
 }
 
@@ -152,10 +170,42 @@ impl ProcessTracker {
         self.names.iter().position(|state| state.name == name)
     }
 
-    /// Applies one kernel report; returns the timeline events it makes (oldest first).
+    /// The index of `name`; an instance (`comm(instance)`) of a watched comm gets its own
+    /// state the first time it is seen (at most [`MAX_INSTANCES`] + 1 per comm).
+    fn index_or_add(&mut self, name: &str) -> Option<usize> {
+        if let Some(index) = self.index(name) {
+            return Some(index);
+        }
+        let comm = comm_of(name);
+        let instances = self.names.iter().filter(|state| comm_of(&state.name) == comm && state.name != comm).count();
+        if comm == name || self.index(comm).is_none() || instances > MAX_INSTANCES {
+            return None;
+        }
+        self.names.push(NameState::new(name));
+        Some(self.names.len() - 1)
+    }
+
+    /// The names known for watched comm `comm`: itself and its instances seen so far.
+    pub(super) fn names_of(&self, comm: &str) -> Vec<String> {
+        self.names.iter().filter(|state| comm_of(&state.name) == comm).map(|state| state.name.clone()).collect()
+    }
+
+    /// Applies one kernel report; returns the timeline events it makes (oldest first). An
+    /// exit report carries the comm only: it goes to the instance that runs (or just ran) the pid.
     pub(super) fn observe(&mut self, observation: Observation) -> Vec<Event> {
         let Observation { name, pid, stamp, change } = observation;
-        let Some(index) = self.index(&name) else {
+        let index = match change {
+            Change::Exit(_) => self
+                .names
+                .iter()
+                .position(|state| {
+                    comm_of(&state.name) == name
+                        && (state.running.contains_key(&pid) || state.exited.contains_key(&pid))
+                })
+                .or_else(|| self.index(&name)),
+            Change::Exec => self.index_or_add(&name),
+        };
+        let Some(index) = index else {
             debug!(name, pid, "report for a name not watched");
             return Vec::new();
         };
@@ -240,7 +290,7 @@ impl ProcessTracker {
     pub(super) fn resync(&mut self, name: &str, found: &BTreeSet<u32>, seen_ns: u64, take_over: bool) -> Vec<Handoff> {
         let window_ns = self.window_ns;
         let mut handoffs = Vec::new();
-        let Some(index) = self.index(name) else { return handoffs };
+        let Some(index) = self.index_or_add(name) else { return handoffs };
         let state = &mut self.names[index];
         state.forget_expired(seen_ns, window_ns);
         // Gone or renamed without a report we saw.
@@ -507,6 +557,48 @@ mod tests {
         let json = serde_json::to_value(&snapshot).unwrap();
         assert_eq!(json["processes"][0]["name"], "ovs-vswitchd");
         assert_eq!(json["processes"][0]["last_start"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn instances_of_one_comm_start_exit_and_restart_apart() {
+        let mut tracker = tracker(&["ovsdb-server"]);
+        // Three databases running at start-up, found by the scan under their instance names.
+        for (name, pid) in [("ovsdb-server(conf)", 10), ("ovsdb-server(ovnnb_db)", 11), ("ovsdb-server(ovnsb_db)", 12)]
+        {
+            tracker.resync(name, &BTreeSet::from([pid]), SEC, false);
+        }
+        // The northbound database is killed (the kernel reports the comm) and started again
+        // (the watcher named the exec from its command line).
+        let events = run(
+            &mut tracker,
+            vec![exit("ovsdb-server", 11, 5 * SEC, SIGTERM), exec("ovsdb-server(ovnnb_db)", 13, 6 * SEC)],
+        );
+        assert_eq!(
+            events,
+            [
+                (EventKind::ProcessExit, "ovsdb-server(ovnnb_db)".into(), "pid 11 killed by SIGTERM".into()),
+                (EventKind::ProcessStart, "ovsdb-server(ovnnb_db)".into(), "pid 13".into()),
+                (
+                    EventKind::ProcessRestart,
+                    "ovsdb-server(ovnnb_db)".into(),
+                    "started again 1.00 s after pid 11 was killed by SIGTERM".into()
+                ),
+            ]
+        );
+        // A repeated exit report of the old pid is still recognised as one.
+        assert!(run(&mut tracker, vec![exit("ovsdb-server", 11, 6 * SEC, SIGTERM)]).is_empty());
+        let snapshot = tracker.snapshot();
+        let names: Vec<&str> = snapshot.processes.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["ovsdb-server", "ovsdb-server(conf)", "ovsdb-server(ovnnb_db)", "ovsdb-server(ovnsb_db)"]);
+        let nb = state(&snapshot, "ovsdb-server(ovnnb_db)");
+        assert_eq!((nb.running.clone(), nb.exits, nb.restarts), (vec![13], 1, 1));
+        assert_eq!(state(&snapshot, "ovsdb-server(conf)").restarts, 0);
+        // Names of comms not watched never get a state; instances stay bounded.
+        assert!(run(&mut tracker, vec![exec("ovn-northd(x)", 20, 7 * SEC)]).is_empty());
+        for i in 0..2 * MAX_INSTANCES as u32 {
+            run(&mut tracker, vec![exec(&format!("ovsdb-server(db{i})"), 100 + i, 8 * SEC)]);
+        }
+        assert_eq!(tracker.snapshot().processes.len(), 1 + MAX_INSTANCES + 1);
     }
 
     #[test]
