@@ -2,7 +2,8 @@
 //! machine, and scenarios that replay real pod-network disruptions on it.
 //!
 //! Everything lives apart from the host: a node network namespace ([`NODE_NETNS`]) holding a
-//! private OVS instance's bridge `br0` (userspace `netdev` datapath, `fail_mode=secure`), its
+//! private OVS instance's bridge `br0` (`fail_mode=secure`; OVS's userspace `netdev` datapath,
+//! or with [`Datapath::Kernel`] the kernel's `openvswitch.ko` that production nodes run), its
 //! internal port `tun0` and the pods' host-side veths; one network namespace per pod; a
 //! kubelet-like readiness prober; a stand-in `openshift-sdn-node` that owns the flows and the
 //! CNI config; and the lab root ([`ROOT`]) with the CNI config dir, the libcni cache, the OVS
@@ -13,6 +14,7 @@
 
 pub mod cni;
 pub mod daemons;
+pub mod datapath;
 mod node;
 pub mod probe_log;
 mod scenarios;
@@ -118,6 +120,43 @@ impl fmt::Display for Scenario {
     }
 }
 
+/// The OVS datapath under the lab's bridge.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Datapath {
+    /// OVS's userspace datapath (`datapath_type=netdev`): runs on any kernel; a packet with no
+    /// flow is handled in ovs-vswitchd, OVS's own drop signals do not exist.
+    #[default]
+    Userspace,
+    /// OVS's kernel datapath (`openvswitch.ko`, `system@ovs-system`), as on production nodes.
+    Kernel,
+}
+
+impl Datapath {
+    /// The CLI name (`userspace`, `kernel`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Datapath::Userspace => "userspace",
+            Datapath::Kernel => "kernel",
+        }
+    }
+
+    /// The datapath named `s` (`userspace` or `netdev`; `kernel` or `system`).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "userspace" | "netdev" => Ok(Datapath::Userspace),
+            "kernel" | "system" => Ok(Datapath::Kernel),
+            other => Err(format!("unknown datapath {other:?}: userspace or kernel")),
+        }
+    }
+}
+
+impl fmt::Display for Datapath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A lab pod.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LabPod {
@@ -152,6 +191,9 @@ pub struct Lab {
     pub sdn_bin: PathBuf,
     /// When the lab was built.
     pub created: Timestamp,
+    /// The OVS datapath under the bridge (labs built before it was a choice ran userspace).
+    #[serde(default)]
+    pub datapath: Datapath,
 }
 
 /// What a scenario did and what it cost.

@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use dm_lab::{Lab, Scenario, daemons, sdn, soak, sys};
+use dm_lab::{Datapath, Lab, Scenario, daemons, sdn, soak, sys};
 
 #[derive(Parser)]
 #[command(name = "dm-lab", about = "An OpenShift SDN node in a box, replaying pod-network disruptions")]
@@ -17,7 +17,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Build the lab (tears down leftovers first).
-    Up,
+    Up {
+        /// OVS datapath under the bridge: userspace (any kernel) or kernel (openvswitch.ko, as
+        /// production nodes run it).
+        #[arg(long, default_value = "userspace", value_parser = Datapath::parse)]
+        datapath: Datapath,
+    },
     /// Remove every lab object (idempotent).
     Down,
     /// Show the running lab.
@@ -126,9 +131,9 @@ fn write_pid(pidfile: &Option<PathBuf>) -> anyhow::Result<()> {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Cmd::Up => {
+        Cmd::Up { datapath } => {
             let bin = std::env::current_exe().context("cannot find this executable")?;
-            let lab = Lab::up(&bin)?;
+            let lab = Lab::up_on(&bin, datapath)?;
             println!("{}", lab.status()?);
             println!("agent flags: {}", lab.agent_args().join(" "));
         }

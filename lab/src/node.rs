@@ -15,8 +15,8 @@ use jiff::Timestamp;
 use nix::sys::signal::Signal;
 
 use crate::{
-    BRIDGE, GATEWAY, HEALTHZ_PORT, Lab, LabPod, NETNS_PREFIX, NODE_NETNS, PREFIX, Probe, ROOT, TUN, UDP_PORT, UDP_RATE,
-    cni,
+    BRIDGE, Datapath, GATEWAY, HEALTHZ_PORT, Lab, LabPod, NETNS_PREFIX, NODE_NETNS, PREFIX, Probe, ROOT, TUN, UDP_PORT,
+    UDP_RATE, cni, datapath,
     probe_log::{self, UdpSecond},
     sdn,
     sys::{self, Daemon, OvsDirs},
@@ -30,7 +30,7 @@ const PODS: [(&str, &str, &str, &str); 3] = [
 ];
 
 /// Tools the lab runs, and the Debian package that brings each.
-const TOOLS: [(&str, &str); 10] = [
+const TOOLS: [(&str, &str); 11] = [
     ("ovs-vsctl", "openvswitch-switch"),
     ("ovs-ofctl", "openvswitch-switch"),
     ("ovsdb-tool", "openvswitch-switch"),
@@ -41,6 +41,7 @@ const TOOLS: [(&str, &str); 10] = [
     ("iptables", "iptables"),
     ("setsid", "util-linux"),
     ("ovs-appctl", "openvswitch-switch"),
+    ("ovs-dpctl", "openvswitch-switch"),
 ];
 
 /// The daemons the lab starts itself, by pid-file name.
@@ -82,7 +83,7 @@ fn ensure_tools() -> anyhow::Result<()> {
 
 impl Lab {
     /// The lab description a fresh build at [`ROOT`] would have.
-    fn planned(root: &Path) -> Self {
+    fn planned(root: &Path, datapath: Datapath) -> Self {
         let pods = PODS
             .iter()
             .map(|(name, namespace, pod, ip)| LabPod {
@@ -102,6 +103,7 @@ impl Lab {
             bin: root.join("bin/dm-lab"),
             sdn_bin: root.join("bin/openshift-sdn-node"),
             created: Timestamp::now(),
+            datapath,
         }
     }
 
@@ -184,6 +186,13 @@ impl Lab {
     /// On failure the half-built lab is left for inspection (`dm-lab status`, logs under
     /// [`ROOT`]); `dm-lab down` removes it.
     pub fn up(dm_lab_bin: &Path) -> anyhow::Result<Lab> {
+        Self::up_on(dm_lab_bin, Datapath::Userspace)
+    }
+
+    /// [`Lab::up`] on OVS's `datapath`. On the kernel datapath it loads `openvswitch.ko`, waits
+    /// out OVS 3.1.0's CPU-count bug right after boot (see [`datapath`]) and checks the switch's
+    /// health (upcall handlers, no upcall lost) besides the probes.
+    pub fn up_on(dm_lab_bin: &Path, datapath: Datapath) -> anyhow::Result<Lab> {
         if !dm_lab_bin.is_file() {
             bail!("dm-lab binary {} not found (build it first)", dm_lab_bin.display());
         }
@@ -192,8 +201,11 @@ impl Lab {
             bail!("the lab needs root (network namespaces, OVS)");
         }
         ensure_tools()?;
+        if datapath == Datapath::Kernel {
+            datapath::load_module()?;
+        }
         Self::down()?;
-        let lab = Self::planned(Path::new(ROOT));
+        let lab = Self::planned(Path::new(ROOT), datapath);
         lab.build(dm_lab_bin)
             .context("building the lab failed (its logs are under /run/dm-lab/logs; `dm-lab down` cleans up)")?;
         Ok(lab)
@@ -230,6 +242,10 @@ impl Lab {
         self.start_ovsdb_server()?;
         ovs.vsctl(&["--no-wait", "init"])?;
         self.start_vswitchd()?;
+        let datapath_type = match self.datapath {
+            Datapath::Userspace => "datapath_type=netdev",
+            Datapath::Kernel => "datapath_type=system",
+        };
         ovs.vsctl(&[
             "add-br",
             BRIDGE,
@@ -237,7 +253,7 @@ impl Lab {
             "set",
             "Bridge",
             BRIDGE,
-            "datapath_type=netdev",
+            datapath_type,
             "fail_mode=secure",
             "--",
             "add-port",
@@ -340,6 +356,17 @@ impl Lab {
             seconds.iter().any(|second| second.at >= since && second.received > 0).then_some(())
         })
         .with_context(|| format!("no UDP echo from {target} to the client pod within 10 s"))?;
+        self.check_datapath()?;
+        Ok(())
+    }
+
+    /// On the kernel datapath: upcall handlers exist and no upcall is lost over a second; a
+    /// clear error otherwise. The lab checks it after building and before every replay.
+    pub fn check_datapath(&self) -> anyhow::Result<()> {
+        if self.datapath == Datapath::Kernel {
+            let pid = self.ovs_pid("ovs-vswitchd").context("the lab's ovs-vswitchd is not running")?;
+            datapath::check_health(pid, Duration::from_secs(1)).context("the lab's kernel datapath is unhealthy")?;
+        }
         Ok(())
     }
 
@@ -427,6 +454,9 @@ impl Lab {
 
     /// Starts the lab's ovs-vswitchd; returns its pid.
     pub(crate) fn start_vswitchd(&self) -> anyhow::Result<i32> {
+        if self.datapath == Datapath::Kernel {
+            datapath::wait_for_cpu_count()?;
+        }
         self.start_ovs_daemon("ovs-vswitchd", &[format!("unix:{}", self.ovs().db_sock().display())])
     }
 
@@ -494,7 +524,7 @@ impl Lab {
     pub fn status(&self) -> anyhow::Result<String> {
         let mut out = String::new();
         let ovs = self.ovs();
-        writeln!(out, "lab at {} (built {:.0})", self.root.display(), self.created)?;
+        writeln!(out, "lab at {} (built {:.0}), OVS {} datapath", self.root.display(), self.created, self.datapath)?;
         writeln!(out, "processes:")?;
         for name in ["ovsdb-server", "ovs-vswitchd"] {
             let pid = sys::read_pid(&ovs.pidfile(name));
@@ -515,6 +545,17 @@ impl Lab {
             flows.map_or_else(|error| format!("unknown ({error:#})"), |n| n.to_string()),
             sdn::expected_flows(self)
         )?;
+        if self.datapath == Datapath::Kernel {
+            let handlers = self.ovs_pid("ovs-vswitchd").map_or(0, datapath::handler_threads);
+            match datapath::stats() {
+                Ok(s) => writeln!(
+                    out,
+                    "kernel datapath: lookups hit:{} missed:{} lost:{}, {} flows, {handlers} upcall handler threads",
+                    s.hit, s.missed, s.lost, s.flows
+                )?,
+                Err(error) => writeln!(out, "kernel datapath: unknown ({error:#})")?,
+            }
+        }
         writeln!(out, "pods:")?;
         for pod in &self.pods {
             writeln!(out, "  {}/{} ip {} netns {} veth {}", pod.namespace, pod.pod, pod.ip, pod.netns, pod.veth)?;

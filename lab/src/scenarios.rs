@@ -61,6 +61,7 @@ impl Lab {
     ) -> anyhow::Result<ScenarioReport> {
         self.ovs_pid("ovs-vswitchd").context("the lab's ovs-vswitchd is not running: run `dm-lab up` again")?;
         self.daemon_pid("prober").context("the lab's prober is not running: run `dm-lab up` again")?;
+        self.check_datapath()?;
         let started = Timestamp::now();
         let mut steps = Steps { steps: Vec::new(), watch };
         let settled = match scenario {

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail, ensure};
-use dm_lab::{Lab, NODE_NETNS, Probe, Scenario};
+use dm_lab::{Datapath, Lab, NODE_NETNS, Probe, Scenario, datapath};
 use serde_json::Value;
 
 use crate::{
@@ -23,7 +23,7 @@ use crate::{
 pub(crate) const AGENT_LISTEN: &str = "127.0.0.1:9781";
 
 pub enum LabAction {
-    Up,
+    Up(Datapath),
     Status,
     Disrupt(String),
     Down,
@@ -47,8 +47,8 @@ fn lab_binary() -> anyhow::Result<PathBuf> {
 pub fn lab(action: LabAction) -> anyhow::Result<()> {
     require_root("the lab")?;
     match action {
-        LabAction::Up => {
-            let lab = Lab::up(&lab_binary()?)?;
+        LabAction::Up(datapath) => {
+            let lab = Lab::up_on(&lab_binary()?, datapath)?;
             println!("{}", lab.status()?);
             println!(
                 "\nwatch it: sudo ip netns exec {NODE_NETNS} target/debug/datapath-monitor run {}",
@@ -163,18 +163,30 @@ impl Drop for LabAgent {
     }
 }
 
+/// `cargo xtask demo` options.
+pub struct DemoOptions {
+    pub datapath: Datapath,
+    /// (agent, dm-lab) binaries built already (the guest's half of `demo --vm`).
+    pub prebuilt: Option<(PathBuf, PathBuf)>,
+}
+
 /// `cargo xtask demo`: the seed incident, replayed on real OVS and caught.
-pub fn demo() -> anyhow::Result<()> {
+pub fn demo(options: DemoOptions) -> anyhow::Result<()> {
     require_root("the demo")?;
-    setup::ensure_ready()?;
-    let workspace = Workspace::locate()?;
-    let agent_binary = build::build_agent(&workspace, false)?;
-    let lab_binary = build::build_lab(&workspace)?;
+    let (agent_binary, lab_binary) = match options.prebuilt {
+        Some(binaries) => binaries,
+        None => {
+            setup::ensure_ready()?;
+            let workspace = Workspace::locate()?;
+            (build::build_agent(&workspace, false)?, build::build_lab(&workspace)?)
+        }
+    };
     let started = Instant::now();
     println!(
-        "==> lab up: OVS br0 (userspace datapath, fail_mode=secure), tun0, 3 pods, prober, stand-in openshift-sdn"
+        "==> lab up: OVS br0 ({} datapath, fail_mode=secure), tun0, 3 pods, prober, stand-in openshift-sdn",
+        options.datapath
     );
-    let lab = Lab::up(&lab_binary)?;
+    let lab = Lab::up_on(&lab_binary, options.datapath)?;
     let result = demo_in(&lab, &agent_binary);
     println!("==> lab down");
     if let Err(error) = Lab::down() {
@@ -198,6 +210,7 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
     println!(
         "==> disrupt sdn-upgrade: TERM openshift-sdn (its trap removes the CNI config), restart ovs-vswitchd, new sdn ~9 s later"
     );
+    let datapath_before = (lab.datapath == Datapath::Kernel).then(datapath::stats).transpose()?;
     let report = lab.disrupt(Scenario::SdnUpgrade)?;
     for (at, step) in &report.steps {
         println!("    {}  {step}", stamp(at));
@@ -258,6 +271,20 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
         if key {
             println!("{line}");
         }
+    }
+
+    if let Some(before) = datapath_before {
+        // The kernel datapath's own counters, read by OVS's tool: what the switch lost itself.
+        let after = datapath::stats()?;
+        println!("\n=== The kernel datapath's own counters (ovs-dpctl show, during the replay) ===");
+        println!(
+            "lookups: hit +{} missed +{} lost +{}; flows {} → {}",
+            after.hit.saturating_sub(before.hit),
+            after.missed.saturating_sub(before.missed),
+            after.lost.saturating_sub(before.lost),
+            before.flows,
+            after.flows
+        );
     }
     Ok(incidents.as_array().is_some_and(|all| !all.is_empty()))
 }

@@ -52,7 +52,20 @@ enum Task {
         action: LabCommand,
     },
     /// Build, bring the lab up, run the agent, replay the SDN upgrade disruption, show what was caught.
-    Demo,
+    Demo {
+        /// OVS datapath under the lab's bridge: userspace, or kernel (openvswitch.ko, as
+        /// production nodes run it; the default with --vm).
+        #[arg(long, value_parser = dm_lab::Datapath::parse)]
+        datapath: Option<dm_lab::Datapath>,
+        /// Run the whole demo in a test VM with this kernel (6.1 or 6.12): the kernel datapath.
+        #[arg(long, value_name = "KERNEL")]
+        vm: Option<String>,
+        /// (internal, the guest's half of --vm) prebuilt agent and lab binaries.
+        #[arg(long, hide = true, requires = "lab_bin")]
+        agent_bin: Option<std::path::PathBuf>,
+        #[arg(long, hide = true, requires = "agent_bin")]
+        lab_bin: Option<std::path::PathBuf>,
+    },
     /// Measure detection quality on the lab (needs root): every scenario N times with a fresh
     /// agent against the lab's ground truth (prober, numbered UDP stream), then a soak of natural
     /// traffic with no fault; writes EVALUATION.md and target/eval/results.json.
@@ -110,7 +123,12 @@ enum Task {
 #[derive(Subcommand)]
 enum LabCommand {
     /// Create the lab (removing leftovers of an earlier one first).
-    Up,
+    Up {
+        /// OVS datapath under the bridge: userspace (any kernel), or kernel (openvswitch.ko;
+        /// the 6.1 and 6.12 test VMs have it, this host's kernel may not).
+        #[arg(long, default_value = "userspace", value_parser = dm_lab::Datapath::parse)]
+        datapath: dm_lab::Datapath,
+    },
     /// Processes, bridge, flows, pods, the prober's last result.
     Status,
     /// Replay a failure: sdn-upgrade, ovs-restart, flow-flush, cni-flap, benign-restart, silent-drop.
@@ -126,12 +144,17 @@ fn main() -> ExitCode {
         Task::Run { release, vm: None, args } => run::run(release, &args),
         Task::Run { release, vm: Some(kernel), args } => vm::run_agent(&kernel, release, &args),
         Task::Lab { action } => lab::lab(match action {
-            LabCommand::Up => lab::LabAction::Up,
+            LabCommand::Up { datapath } => lab::LabAction::Up(datapath),
             LabCommand::Status => lab::LabAction::Status,
             LabCommand::Disrupt { scenario } => lab::LabAction::Disrupt(scenario),
             LabCommand::Down => lab::LabAction::Down,
         }),
-        Task::Demo => lab::demo(),
+        Task::Demo { datapath, vm: Some(kernel), .. } => {
+            vm::demo(&kernel, datapath.unwrap_or(dm_lab::Datapath::Kernel))
+        }
+        Task::Demo { datapath, vm: None, agent_bin, lab_bin } => {
+            lab::demo(lab::DemoOptions { datapath: datapath.unwrap_or_default(), prebuilt: agent_bin.zip(lab_bin) })
+        }
         Task::Eval { repeat, soak_minutes, scenarios, no_soak } => {
             eval::eval(eval::EvalOptions { repeat, soak_minutes, scenarios, no_soak })
         }
