@@ -175,6 +175,12 @@ pub struct DropKey {
 
 /// Reason recorded on kernels whose `kfree_skb` tracepoint has no reason field.
 pub const DROP_REASON_UNKNOWN: u32 = u32::MAX;
+/// Reason of a packet lost because its OVS upcall (a kernel datapath miss sent to
+/// ovs-vswitchd) failed. Above every kernel reason (subsystems use `n << 16` for small n)
+/// and below [`DROP_REASON_UNKNOWN`].
+pub const UPCALL_FAILED_REASON: u32 = 0xfffe_0000;
+/// Name of [`UPCALL_FAILED_REASON`] in metrics and incidents.
+pub const UPCALL_FAILED_NAME: &str = "OVS_UPCALL_FAILED";
 
 /// Key of [`RETRANSMITS_MAP`]: TCP data segments retransmitted by sockets of one network
 /// namespace to one destination address.
@@ -237,6 +243,9 @@ pub const TC_INGRESS_PROGRAM: &str = "tc_ingress";
 pub const TC_EGRESS_PROGRAM: &str = "tc_egress";
 pub const KFREE_SKB_BTF_PROGRAM: &str = "kfree_skb_btf";
 pub const KFREE_SKB_TRACEPOINT_PROGRAM: &str = "kfree_skb_tp";
+/// On `openvswitch:ovs_dp_upcall` (openvswitch.ko): names failed upcalls' drops.
+pub const OVS_UPCALL_PROGRAM: &str = "ovs_upcall";
+pub const UPCALL_CONFIG_MAP: &str = "UPCALL_CONFIG";
 /// On `sched:sched_process_exec` and `sched:sched_process_exit`.
 pub const PROCESS_EXEC_PROGRAM: &str = "process_exec";
 pub const PROCESS_EXIT_PROGRAM: &str = "process_exit";
@@ -253,6 +262,8 @@ pub const GLOBAL_TP_SKBADDR_OFFSET: &str = "TP_SKBADDR_OFFSET";
 pub const GLOBAL_TP_REASON_OFFSET: &str = "TP_REASON_OFFSET";
 /// Non-zero when the tracepoint carries a drop reason.
 pub const GLOBAL_HAS_REASON: &str = "HAS_REASON";
+/// `SKB_DROP_REASON_NOT_SPECIFIED`'s value on this kernel (1 before 6.3's `SKB_CONSUMED`, then 2).
+pub const GLOBAL_NOT_SPECIFIED_REASON: &str = "NOT_SPECIFIED_REASON";
 /// Offsets the process tracer follows from `struct task_struct *` (from BTF).
 pub const GLOBAL_TASK_SIGNAL_OFFSET: &str = "TASK_SIGNAL_OFFSET";
 pub const GLOBAL_SIGNAL_LIVE_OFFSET: &str = "SIGNAL_LIVE_OFFSET";

@@ -11,9 +11,13 @@ use aya_ebpf::{
     maps::PerCpuHashMap,
     programs::{BtfTracePointContext, TracePointContext},
 };
-use monitor_common::{DROP_REASON_UNKNOWN, DROPS_MAX, DropKey, MAP_ERROR_DROPS_FULL};
+use monitor_common::{DROP_REASON_UNKNOWN, DROPS_MAX, DropKey, MAP_ERROR_DROPS_FULL, UPCALL_FAILED_REASON};
 
-use crate::packets::count_map_error;
+use crate::{packets::count_map_error, upcalls::is_failed_upcall};
+
+/// `SKB_DROP_REASON_NOT_SPECIFIED` on this kernel (its value moved in 6.3).
+#[unsafe(no_mangle)]
+static NOT_SPECIFIED_REASON: u32 = 0;
 
 #[map(name = "DROPS")]
 static DROPS: PerCpuHashMap<DropKey, u64> = PerCpuHashMap::with_max_entries(DROPS_MAX, 0);
@@ -64,8 +68,17 @@ pub fn kfree_skb_tp(ctx: TracePointContext) -> u32 {
     0
 }
 
-fn record_drop(skb: *const u8, reason: u32) {
+fn record_drop(skb: *const u8, mut reason: u32) {
+    // The packet of an OVS upcall that just failed on this CPU: named by the failure.
+    if (reason == global(&NOT_SPECIFIED_REASON) || reason == DROP_REASON_UNKNOWN) && is_failed_upcall(skb) {
+        reason = UPCALL_FAILED_REASON;
+    }
     let (netns, ifindex) = device_of(skb).unwrap_or((0, 0));
+    record_drop_on(netns, ifindex, reason);
+}
+
+/// Counts one drop on (netns, ifindex) with `reason`.
+fn record_drop_on(netns: u32, ifindex: u32, reason: u32) {
     let key = DropKey { netns, ifindex, reason, _pad: 0 };
     if let Some(count) = DROPS.get_ptr_mut(key) {
         // SAFETY: per-CPU value; this CPU is its only writer while we run.

@@ -8,6 +8,7 @@ mod drops;
 mod packets;
 mod process;
 mod retransmits;
+mod upcalls;
 
 #[cfg(not(test))]
 #[panic_handler]

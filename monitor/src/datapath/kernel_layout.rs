@@ -114,7 +114,12 @@ impl KernelLayout {
             net_inum: member_offset(&btf, "net", &["ns", "inum"])?,
         };
         let socket_offsets = SocketOffsets::resolve(&btf).map_err(|error| crate::errors::chain(&error));
-        let drop_reasons = drop_reasons(&btf);
+        let mut drop_reasons = drop_reasons(&btf);
+        if path == Path::new(VMLINUX_BTF) {
+            for (value, name) in module_drop_reasons(&btf, Path::new(MODULES_BTF_DIR)) {
+                drop_reasons.entry(value).or_insert(name);
+            }
+        }
         Ok(Self { offsets, socket_offsets, drop_reasons, btf })
     }
 
@@ -189,6 +194,55 @@ fn strip_modifiers(btf: &Btf, mut current: Type) -> Option<Type> {
     None
 }
 
+/// Where the kernel publishes module BTF (split on vmlinux's), one file per loaded module.
+const MODULES_BTF_DIR: &str = "/sys/kernel/btf";
+/// Modules whose BTF holds a subsystem's drop reasons: OVS's `enum ovs_drop_reason` lives in
+/// `openvswitch.ko`, not in vmlinux.
+const DROP_REASON_MODULES: [&str; 2] = ["openvswitch", "mac80211"];
+
+/// Drop reason names from the BTF of the modules in [`DROP_REASON_MODULES`] that are loaded
+/// (a module loaded after start-up is named by [`subsystem_reason_name`]).
+fn module_drop_reasons(vmlinux: &Btf, dir: &Path) -> BTreeMap<u32, String> {
+    let mut reasons = BTreeMap::new();
+    for module in DROP_REASON_MODULES {
+        let path = dir.join(module);
+        if !path.exists() {
+            continue;
+        }
+        match Btf::from_split_file(&path, vmlinux) {
+            Ok(btf) => reasons.extend(drop_reasons(&btf)),
+            Err(error) => {
+                tracing::warn!(%error, module, "cannot read the module's BTF; its drop reasons stay numbered")
+            }
+        }
+    }
+    reasons
+}
+
+/// Drop reason names of the modules loaded now (parses vmlinux's BTF, their base, once).
+pub fn module_reason_names() -> BTreeMap<u32, String> {
+    match Btf::from_file(VMLINUX_BTF) {
+        Ok(vmlinux) => module_drop_reasons(&vmlinux, Path::new(MODULES_BTF_DIR)),
+        Err(error) => {
+            tracing::warn!(%error, "cannot read {VMLINUX_BTF}; module drop reasons stay numbered");
+            BTreeMap::new()
+        }
+    }
+}
+
+/// A label for a drop reason no BTF named: a subsystem's (`reason >> 16`, the kernel's
+/// `SKB_DROP_REASON_SUBSYS_SHIFT`) gets the subsystem's name and its number in it, e.g.
+/// `OPENVSWITCH_1` when openvswitch.ko was loaded after the agent started.
+pub fn subsystem_reason_name(reason: u32) -> Option<String> {
+    let subsystem = match reason >> 16 {
+        1 => "MAC80211_UNUSABLE",
+        2 => "MAC80211_MONITOR",
+        3 => "OPENVSWITCH",
+        _ => return None,
+    };
+    Some(format!("{subsystem}_{}", reason & 0xffff))
+}
+
 /// Reason names by value, from `enum skb_drop_reason` and the subsystem enums that extend it.
 fn drop_reasons(btf: &Btf) -> BTreeMap<u32, String> {
     const ENUMS: &[(&str, &str)] =
@@ -201,7 +255,7 @@ fn drop_reasons(btf: &Btf) -> BTreeMap<u32, String> {
             for member in &e.members {
                 let Ok(name) = btf.resolve_name(member) else { continue };
                 // Markers, not reasons.
-                if name.ends_with("_MAX") || name.ends_with("SUBSYS_MASK") {
+                if name.ends_with("_MAX") || name.ends_with("SUBSYS_MASK") || name.starts_with("__") {
                     continue;
                 }
                 let name = name.strip_prefix(prefix).unwrap_or(&name).to_string();
@@ -329,6 +383,26 @@ format:
         assert_eq!(layout.drop_reasons.get(&2).map(String::as_str), Some("NOT_SPECIFIED"));
         assert!(layout.drop_reasons.values().any(|r| r == "NO_SOCKET"));
         assert!(layout.drop_reasons.values().any(|r| r == "NETFILTER_DROP"));
+        // With openvswitch.ko loaded (the 6.12 test VM), OVS's own reasons are named from its
+        // BTF: OVS_DROP_LAST_ACTION is (SKB_DROP_REASON_SUBSYS_OPENVSWITCH << 16) | 1.
+        if Path::new(MODULES_BTF_DIR).join("openvswitch").exists() {
+            let ovs = layout.drop_reasons.get(&((3 << 16) | 1)).map(String::as_str);
+            assert!(ovs.is_none_or(|name| name == "OVS_DROP_LAST_ACTION"), "{ovs:?}");
+            eprintln!("openvswitch.ko: reason 196609 is {ovs:?}");
+        }
+    }
+
+    #[test]
+    fn subsystem_reasons_without_btf_names_are_labelled_by_subsystem() {
+        assert_eq!(subsystem_reason_name((3 << 16) | 1).as_deref(), Some("OPENVSWITCH_1"));
+        assert_eq!(subsystem_reason_name((2 << 16) | 7).as_deref(), Some("MAC80211_MONITOR_7"));
+        assert_eq!(subsystem_reason_name(77), None);
+        assert_eq!(subsystem_reason_name(9 << 16), None);
+        let no_modules = std::env::temp_dir().join("dm-no-module-btf");
+        if Path::new(VMLINUX_BTF).exists() {
+            let vmlinux = Btf::from_file(VMLINUX_BTF).unwrap();
+            assert!(module_drop_reasons(&vmlinux, &no_modules).is_empty());
+        }
     }
 
     /// The retransmit tracer's offsets on this machine's kernel, checked against facts of

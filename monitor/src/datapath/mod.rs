@@ -23,19 +23,22 @@ use aya::{
 };
 use monitor_common::{
     DROPS_MAP, DropKey, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_NET_INUM_OFFSET,
-    GLOBAL_RETRANSMIT_HAS_ERR, GLOBAL_SK_DADDR_OFFSET, GLOBAL_SK_FAMILY_OFFSET, GLOBAL_SK_NET_OFFSET,
-    GLOBAL_SK_STATE_OFFSET, GLOBAL_SK_V6_DADDR_OFFSET, GLOBAL_SKB_CB_OFFSET, GLOBAL_SKB_DEV_OFFSET,
-    GLOBAL_TCP_CB_GSO_SEGS_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET, INTERFACE_COUNTERS_MAP,
-    INTERFACE_SLOTS_MAP, InterfaceCounters, InterfaceSlot, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM,
-    MAP_ERROR_SLOTS, MAP_ERRORS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM, RETRANSMITS_MAP, RetransmitKey,
-    TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM, TCP_RETRANSMIT_PROGRAM,
+    GLOBAL_NOT_SPECIFIED_REASON, GLOBAL_RETRANSMIT_HAS_ERR, GLOBAL_SK_DADDR_OFFSET, GLOBAL_SK_FAMILY_OFFSET,
+    GLOBAL_SK_NET_OFFSET, GLOBAL_SK_STATE_OFFSET, GLOBAL_SK_V6_DADDR_OFFSET, GLOBAL_SKB_CB_OFFSET,
+    GLOBAL_SKB_DEV_OFFSET, GLOBAL_TCP_CB_GSO_SEGS_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET,
+    INTERFACE_COUNTERS_MAP, INTERFACE_SLOTS_MAP, InterfaceCounters, InterfaceSlot, KFREE_SKB_BTF_PROGRAM,
+    KFREE_SKB_TRACEPOINT_PROGRAM, MAP_ERROR_SLOTS, MAP_ERRORS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM,
+    RETRANSMITS_MAP, RetransmitKey, TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM, TCP_RETRANSMIT_PROGRAM,
 };
 use tracing::{debug, info, warn};
 
 pub use self::probes::{AttachMode, DropTracerChoice, ProbeReport, TcAttachChoice};
 use self::{
     kernel_layout::{KernelLayout, read_kfree_skb_format},
-    probes::{DROP_PROBE, RETRANSMIT_PROBE, TC_PROBE, attach_drop_tracer, attach_retransmit_tracer},
+    probes::{
+        DROP_PROBE, RETRANSMIT_PROBE, TC_PROBE, UPCALL_PROBE, attach_drop_tracer, attach_retransmit_tracer,
+        attach_upcall_tracer,
+    },
     process_probe::ProcessTracerOffsets,
     tc::AttachedInterface,
 };
@@ -140,6 +143,9 @@ impl Datapath {
             Err(_) => (0, 0),
         };
         debug!(?offsets, drop_reasons = drop_reasons.len(), "kernel layout from BTF");
+        // u32::MAX (no reason matches it) on kernels without drop reasons.
+        let not_specified =
+            drop_reasons.iter().find(|(_, name)| *name == "NOT_SPECIFIED").map_or(u32::MAX, |(value, _)| *value);
         // Its failure only disables the process tracer (see start_process_probe).
         let process_offsets = ProcessTracerOffsets::resolve(&btf).map_err(|error| errors::chain(&error));
         drop(btf);
@@ -160,6 +166,7 @@ impl Datapath {
             .override_global(GLOBAL_TP_SKBADDR_OFFSET, &tp_skbaddr, true)
             .override_global(GLOBAL_TP_REASON_OFFSET, &tp_reason, true)
             .override_global(GLOBAL_HAS_REASON, &has_reason, true)
+            .override_global(GLOBAL_NOT_SPECIFIED_REASON, &not_specified, true)
             .override_global(GLOBAL_SK_NET_OFFSET, &sock.net, true)
             .override_global(GLOBAL_SK_STATE_OFFSET, &sock.state, true)
             .override_global(GLOBAL_SK_FAMILY_OFFSET, &sock.family, true)
@@ -192,6 +199,17 @@ impl Datapath {
                 warn!(%reasons, "retransmit tracer unsupported on this kernel; TCP retransmits are not counted");
                 probes.probes.insert(RETRANSMIT_PROBE, None);
                 probes.errors.insert(RETRANSMIT_PROBE, reasons);
+            }
+        }
+        match attach_upcall_tracer(&mut ebpf) {
+            Ok(variant) => {
+                info!(variant, "OVS upcall tracer attached");
+                probes.probes.insert(UPCALL_PROBE, Some(variant.to_string()));
+            }
+            Err(reason) => {
+                info!(%reason, "OVS upcall tracer not attached; retried while the agent runs");
+                probes.probes.insert(UPCALL_PROBE, None);
+                probes.errors.insert(UPCALL_PROBE, reason);
             }
         }
         match attach_drop_tracer(&mut ebpf, kernel_btf.as_ref(), options.drop_tracer) {
@@ -252,6 +270,28 @@ impl Datapath {
     /// The drop reason names of this kernel, by value (from BTF).
     pub fn drop_reason_names(&self) -> &BTreeMap<u32, String> {
         &self.drop_reasons
+    }
+
+    /// Attaches the OVS upcall tracer if it is not yet (openvswitch.ko loaded since the
+    /// last try); cheap when they are, or when the module is still absent. True when they
+    /// were attached just now.
+    pub fn retry_upcall_tracer(&mut self) -> bool {
+        if self.probes.probes.get(UPCALL_PROBE).is_some_and(Option::is_some) {
+            return false;
+        }
+        match attach_upcall_tracer(&mut self.ebpf) {
+            Ok(variant) => {
+                info!(variant, "OVS upcall tracer attached (openvswitch.ko appeared)");
+                self.probes.probes.insert(UPCALL_PROBE, Some(variant.to_string()));
+                self.probes.errors.remove(UPCALL_PROBE);
+                true
+            }
+            Err(reason) => {
+                debug!(%reason, "OVS upcall tracer still not attached");
+                self.probes.errors.insert(UPCALL_PROBE, reason);
+                false
+            }
+        }
     }
 
     pub fn probes(&self) -> &ProbeReport {

@@ -14,9 +14,12 @@ use std::collections::BTreeMap;
 
 use aya::{
     Ebpf,
+    maps::Array,
     programs::{BtfTracePoint, TracePoint},
 };
-use monitor_common::{KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM, TCP_RETRANSMIT_PROGRAM};
+use monitor_common::{
+    KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM, OVS_UPCALL_PROGRAM, TCP_RETRANSMIT_PROGRAM, UPCALL_CONFIG_MAP,
+};
 use serde::Serialize;
 use tracing::debug;
 
@@ -31,6 +34,10 @@ pub const DROP_PROBE: &str = "kfree_skb";
 pub const PROCESS_PROBE: &str = "sched_process";
 /// The TCP data retransmit tracer.
 pub const RETRANSMIT_PROBE: &str = "tcp_retransmit";
+/// `openvswitch:ovs_dp_upcall`: names failed OVS upcalls (once openvswitch.ko is loaded).
+pub const UPCALL_PROBE: &str = "ovs_upcall";
+const UPCALL_CATEGORY: &str = "openvswitch";
+const UPCALL_EVENT: &str = "ovs_dp_upcall";
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -107,6 +114,35 @@ pub(super) fn attach_drop_tracer(
         Ok(()) => Ok("tracepoint"),
         Err(error) => Err(format!("tp_btf: {btf_error}; tracepoint: {}", errors::chain(&error))),
     }
+}
+
+/// The tracer on `openvswitch:ovs_dp_upcall`; fails while openvswitch.ko is not loaded (the
+/// caller retries). Its record's `skbaddr` offset comes from the format file, into
+/// [`UPCALL_CONFIG_MAP`] (the program was loaded before the module was there).
+pub(super) fn attach_upcall_tracer(ebpf: &mut Ebpf) -> Result<&'static str, String> {
+    if !std::path::Path::new("/sys/module/openvswitch").exists() {
+        return Err("openvswitch.ko is not loaded (no OVS kernel datapath on this node yet)".into());
+    }
+    let format = super::kernel_layout::read_tracepoint_format(UPCALL_CATEGORY, UPCALL_EVENT)?;
+    let offset = super::kernel_layout::tracepoint_field_offset(&format, "skbaddr")
+        .ok_or_else(|| format!("no skbaddr in the {UPCALL_CATEGORY}:{UPCALL_EVENT} record"))?;
+    let config = ebpf.map_mut(UPCALL_CONFIG_MAP).ok_or_else(|| format!("no {UPCALL_CONFIG_MAP} map"))?;
+    let mut config: Array<_, u32> = Array::try_from(config).map_err(|error| error.to_string())?;
+    config.set(0, offset, 0).map_err(|error| format!("{UPCALL_CONFIG_MAP}: {error}"))?;
+    program_mut::<TracePoint>(ebpf, OVS_UPCALL_PROGRAM)
+        .and_then(|program| {
+            if program.fd().is_err() {
+                program
+                    .load()
+                    .map_err(|source| DatapathError::Program { name: OVS_UPCALL_PROGRAM, source: Box::new(source) })?;
+            }
+            program
+                .attach(UPCALL_CATEGORY, UPCALL_EVENT)
+                .map(drop)
+                .map_err(|source| DatapathError::Program { name: OVS_UPCALL_PROGRAM, source: Box::new(source) })
+        })
+        .map_err(|error| format!("tracepoint {UPCALL_CATEGORY}:{UPCALL_EVENT}: {}", errors::chain(&error)))?;
+    Ok("tracepoint")
 }
 
 /// tp_btf only: the classic tracepoint's record has no network namespace. Returns the variant.

@@ -152,7 +152,12 @@ pub struct Sampler {
     /// Answers of `pods` per (ifindex, name), valid while its generation holds.
     pod_cache: Mutex<PodCache>,
     switches: Switches,
+    /// When the OVS upcall tracer was last tried (it waits for openvswitch.ko).
+    upcalls_tried: Instant,
 }
+
+/// How often the OVS upcall tracer is tried again while openvswitch.ko is absent.
+const UPCALL_RETRY: Duration = Duration::from_secs(10);
 
 impl Sampler {
     pub fn new(datapath: Datapath, own_netns: u64, grace: Duration) -> Self {
@@ -171,6 +176,7 @@ impl Sampler {
             pods: None,
             pod_cache: Mutex::new(HashMap::new()),
             switches: Switches::default(),
+            upcalls_tried: Instant::now(),
         }
     }
 
@@ -394,6 +400,15 @@ impl Sampler {
     pub fn sample(&mut self) -> Sample {
         let now = Instant::now();
         self.retired.retain(|r| r.until > now);
+        if now.duration_since(self.upcalls_tried) >= UPCALL_RETRY {
+            self.upcalls_tried = now;
+            if self.datapath.retry_upcall_tracer() {
+                // openvswitch.ko appeared: its drop reasons get their names from its BTF.
+                for (value, name) in crate::datapath::kernel_layout::module_reason_names() {
+                    self.reason_names.entry(value).or_insert(name);
+                }
+            }
+        }
         let kernel = self.datapath.read();
         self.report_map_errors(&kernel.map_errors);
         let retransmits = self.credit_retransmits(&kernel.retransmits);
@@ -465,7 +480,14 @@ fn reason_name(names: &BTreeMap<u32, String>, reason: u32) -> String {
     if reason == DROP_REASON_UNKNOWN {
         return "unknown".into();
     }
-    names.get(&reason).cloned().unwrap_or_else(|| format!("REASON_{reason}"))
+    if reason == monitor_common::UPCALL_FAILED_REASON {
+        return monitor_common::UPCALL_FAILED_NAME.into();
+    }
+    names
+        .get(&reason)
+        .cloned()
+        .or_else(|| crate::datapath::kernel_layout::subsystem_reason_name(reason))
+        .unwrap_or_else(|| format!("REASON_{reason}"))
 }
 
 impl Sampler {

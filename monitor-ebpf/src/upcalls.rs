@@ -1,0 +1,65 @@
+//! OVS upcalls that fail, named: the `openvswitch:ovs_dp_upcall` tracepoint (openvswitch.ko)
+//! fires for each packet OVS's kernel datapath sends to ovs-vswitchd (a flow miss, a
+//! userspace action), never per forwarded packet.
+//!
+//! When the upcall fails (no handler: `-ENOTCONN`; ovs-vswitchd gone: `-ECONNREFUSED`), the
+//! kernel frees the packet right away with `kfree_skb` (reason `NOT_SPECIFIED`), on the same
+//! CPU: the drop tracer records that drop as [`UPCALL_FAILED_REASON`] instead. An upcall that
+//! fails on a full queue (`-EAGAIN`) is freed with `consume_skb`, which no drop tracer sees;
+//! the datapath's `lost` counter (`ovs-dpctl show`) counts both. `ovs_dp_upcall` itself
+//! cannot be probed: it is inlined into its caller on the kernels tested.
+
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::{map, tracepoint},
+    maps::{Array, PerCpuArray},
+    programs::TracePointContext,
+};
+
+/// This CPU's latest upcall: the packet and when.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub(crate) struct Upcall {
+    skb: u64,
+    at_ns: u64,
+}
+
+#[map(name = "UPCALL_INFLIGHT")]
+static UPCALL_INFLIGHT: PerCpuArray<Upcall> = PerCpuArray::with_max_entries(1, 0);
+
+/// Slot 0: the offset of `skbaddr` in the tracepoint's record, from its format file (the
+/// agent writes it when openvswitch.ko appears, after the programs were loaded).
+#[map(name = "UPCALL_CONFIG")]
+static UPCALL_CONFIG: Array<u32> = Array::with_max_entries(1, 0);
+
+/// A failed upcall's `kfree_skb` follows the tracepoint on the same CPU within microseconds
+/// (a millisecond under software emulation); a much later `NOT_SPECIFIED` drop of a packet
+/// that happens to reuse the address is not it.
+const UPCALL_FAILURE_WINDOW_NS: u64 = 5_000_000;
+
+#[tracepoint(category = "openvswitch", name = "ovs_dp_upcall")]
+pub fn ovs_upcall(ctx: TracePointContext) -> u32 {
+    let Some(offset) = UPCALL_CONFIG.get(0).copied().filter(|offset| *offset != 0) else { return 0 };
+    // SAFETY: the offset comes from the tracepoint's own format file.
+    let Ok(skb) = (unsafe { ctx.read_at::<u64>(offset as usize) }) else { return 0 };
+    if let Some(slot) = UPCALL_INFLIGHT.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot; this CPU is its only writer while we run. bpf_ktime_get_ns
+        // has no preconditions.
+        unsafe { *slot = Upcall { skb, at_ns: bpf_ktime_get_ns() } };
+    }
+    0
+}
+
+/// Whether `skb`, dropped now as `NOT_SPECIFIED`, is the packet of an upcall that just failed
+/// on this CPU (then the slot is cleared).
+pub(crate) fn is_failed_upcall(skb: *const u8) -> bool {
+    let Some(slot) = UPCALL_INFLIGHT.get_ptr_mut(0) else { return false };
+    // SAFETY: as above.
+    let upcall = unsafe { &mut *slot };
+    if upcall.skb == 0 || upcall.skb != skb as u64 {
+        return false;
+    }
+    upcall.skb = 0;
+    // SAFETY: bpf_ktime_get_ns has no preconditions.
+    unsafe { bpf_ktime_get_ns() }.saturating_sub(upcall.at_ns) <= UPCALL_FAILURE_WINDOW_NS
+}
