@@ -1,5 +1,6 @@
-//! End-to-end on the lab (real OVS userspace switch, pods, prober, stand-in openshift-sdn):
-//! one test per scenario, each on a fresh lab with a fresh agent in the lab's node netns.
+//! End-to-end on the lab (real OVS switch, pods, prober, stand-in openshift-sdn): one test per
+//! scenario, each on a fresh lab with a fresh agent in the lab's node netns. On OVS's
+//! userspace datapath, or with `DM_LAB_DATAPATH=kernel` (the test VMs) its kernel datapath.
 
 use std::{
     path::PathBuf,
@@ -8,8 +9,8 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, ensure};
-use datapath_monitor_tests::{Agent, LifecycleEvent, Netns, require_root};
-use dm_lab::{Lab, NODE_NETNS, Scenario, ScenarioReport};
+use datapath_monitor_tests::{Agent, LifecycleEvent, Netns, require_root, scaled};
+use dm_lab::{Datapath, Lab, NODE_NETNS, Scenario, ScenarioReport};
 use serde_json::Value;
 
 fn lab_binary() -> Result<PathBuf> {
@@ -18,6 +19,14 @@ fn lab_binary() -> Result<PathBuf> {
         .context("DM_LAB_BIN is not set: run the end-to-end tests through `cargo xtask test`")?;
     ensure!(path.exists(), "{} does not exist", path.display());
     Ok(path)
+}
+
+/// The OVS datapath to replay on: `DM_LAB_DATAPATH` (`userspace`, the default, or `kernel`).
+fn datapath() -> Result<Datapath> {
+    match std::env::var("DM_LAB_DATAPATH") {
+        Ok(name) => Datapath::parse(&name).map_err(anyhow::Error::msg),
+        Err(_) => Ok(Datapath::Userspace),
+    }
 }
 
 /// Removes the lab when the test ends, passed or not.
@@ -42,14 +51,14 @@ struct Run {
 /// every incident has closed (or 8 s of calm after the scenario when there is none).
 fn replay(scenario: Scenario) -> Result<Run> {
     require_root();
-    let lab = LabGuard(Lab::up(&lab_binary()?)?);
+    let lab = LabGuard(Lab::up_on(&lab_binary()?, datapath()?)?);
     let node = Netns::existing(NODE_NETNS);
     let args = lab.0.agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let agent = Agent::start(&node, &args)?;
     thread::sleep(Duration::from_secs(14));
     let report = lab.0.disrupt(scenario)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + scaled(Duration::from_secs(30));
     let calm_from = Instant::now();
     let incidents = loop {
         let all: Vec<Value> = agent.get_json("/api/v1/incidents")?.as_array().cloned().unwrap_or_default();
@@ -65,7 +74,11 @@ fn replay(scenario: Scenario) -> Result<Run> {
         thread::sleep(Duration::from_millis(250));
     };
     let events = agent.events(|_| true)?;
-    println!("{scenario:?}: prober outage {:?}", report.outage.as_ref().map(|o| o.seconds));
+    println!(
+        "{scenario:?} on the {} datapath: prober outage {:?}",
+        lab.0.datapath,
+        report.outage.as_ref().map(|o| o.seconds)
+    );
     println!("{}", serde_json::to_string_pretty(&incidents).unwrap_or_default());
     Ok(Run { lab, report, incidents, events })
 }

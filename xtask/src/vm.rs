@@ -84,6 +84,39 @@ pub fn run_agent(kernel: &str, release: bool, args: &[String]) -> anyhow::Result
     exit_with(guest::run(&prepared, &job)?.status)
 }
 
+/// `cargo xtask demo --vm K`: builds the agent and the lab here, then runs the whole demo in
+/// a guest of kernel K (which has openvswitch.ko) on `datapath`.
+pub fn demo(kernel: &str, datapath: dm_lab::Datapath) -> anyhow::Result<()> {
+    crate::lab::require_root("the demo")?;
+    let kernel = Kernel::parse(kernel)?;
+    setup::ensure_ready()?;
+    let workspace = Workspace::locate()?;
+    let agent = build::build_agent(&workspace, false)?;
+    let lab = build::build_lab(&workspace)?;
+    let xtask = std::env::current_exe().context("cannot find the xtask executable")?;
+    let prepared = kernel::prepare(kernel)?;
+    let words = [
+        xtask.to_str().context("xtask path")?,
+        "demo",
+        "--datapath",
+        datapath.name(),
+        "--agent-bin",
+        agent.to_str().context("agent path")?,
+        "--lab-bin",
+        lab.to_str().context("lab path")?,
+    ];
+    let line = words.iter().map(|word| command::shell_quote(word)).collect::<Vec<_>>().join(" ");
+    println!("==> the demo in a Linux {} guest, OVS {datapath} datapath", kernel.name());
+    let job = guest::Job {
+        script: format!("exec {line}\n"),
+        workdir: workspace.root,
+        forward_ports: Vec::new(),
+        timeout: None,
+        console_log: None,
+    };
+    exit_with(guest::run(&prepared, &job)?.status)
+}
+
 fn exit_with(status: i32) -> anyhow::Result<()> {
     if status == 0 {
         return Ok(());
@@ -99,6 +132,9 @@ const GUEST_SUITES: &[(&str, &str)] = &[
     ("datapath-monitor-tests", "datapath"),
     ("datapath-monitor-tests", "lifecycle"),
     ("datapath-monitor-tests", "incidents"),
+    ("datapath-monitor-tests", "ovs_kernel"),
+    // The lab's scenarios on OVS's kernel datapath (DM_LAB_DATAPATH=kernel below).
+    ("datapath-monitor-tests", "lab"),
 ];
 
 /// What one kernel's guest run found.
@@ -216,7 +252,11 @@ fn test_script(binaries: &[PathBuf], agent: &Path, lab: &Path, filter: &[String]
     let mut script = String::new();
     let ci = std::env::var("CI").unwrap_or_default();
     let _ = writeln!(script, "export DATAPATH_MONITOR_BIN={} DM_LAB_BIN={}", quote(agent), quote(lab));
-    let _ = writeln!(script, "export DM_TEST_TIME_SCALE={TIME_SCALE} CI={}", command::shell_quote(&ci));
+    let _ = writeln!(
+        script,
+        "export DM_TEST_TIME_SCALE={TIME_SCALE} DM_TEST_IN_GUEST=1 DM_LAB_DATAPATH=kernel CI={}",
+        command::shell_quote(&ci)
+    );
     let _ = writeln!(script, "export RUST_BACKTRACE=1");
     script.push_str(PROBE_REPORT);
     script.push_str("failed=0\n");
