@@ -273,8 +273,8 @@ impl Datapath {
     }
 
     /// Attaches the OVS upcall tracer if it is not yet (openvswitch.ko loaded since the
-    /// last try); cheap when they are, or when the module is still absent. True when they
-    /// were attached just now.
+    /// last try); cheap when it is, or when the module is still absent. True when it was
+    /// attached just now.
     pub fn retry_upcall_tracer(&mut self) -> bool {
         if self.probes.probes.get(UPCALL_PROBE).is_some_and(Option::is_some) {
             return false;
