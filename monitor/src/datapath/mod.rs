@@ -190,39 +190,25 @@ impl Datapath {
             Ok(_) => attach_retransmit_tracer(&mut ebpf, kernel_btf.as_ref()),
             Err(error) => Err(format!("socket offsets: {error}")),
         };
-        match retransmit_tracer {
-            Ok(variant) => {
-                info!(variant, "retransmit tracer attached");
-                probes.probes.insert(RETRANSMIT_PROBE, Some(variant.to_string()));
-            }
+        match &retransmit_tracer {
+            Ok(variant) => info!(variant, "retransmit tracer attached"),
             Err(reasons) => {
-                warn!(%reasons, "retransmit tracer unsupported on this kernel; TCP retransmits are not counted");
-                probes.probes.insert(RETRANSMIT_PROBE, None);
-                probes.errors.insert(RETRANSMIT_PROBE, reasons);
+                warn!(%reasons, "retransmit tracer unsupported on this kernel; TCP retransmits are not counted")
             }
         }
-        match attach_upcall_tracer(&mut ebpf) {
-            Ok(variant) => {
-                info!(variant, "OVS upcall tracer attached");
-                probes.probes.insert(UPCALL_PROBE, Some(variant.to_string()));
-            }
-            Err(reason) => {
-                info!(%reason, "OVS upcall tracer not attached; retried while the agent runs");
-                probes.probes.insert(UPCALL_PROBE, None);
-                probes.errors.insert(UPCALL_PROBE, reason);
-            }
+        probes.record(RETRANSMIT_PROBE, &retransmit_tracer);
+        let upcall_tracer = attach_upcall_tracer(&mut ebpf);
+        match &upcall_tracer {
+            Ok(variant) => info!(variant, "OVS upcall tracer attached"),
+            Err(reason) => info!(%reason, "OVS upcall tracer not attached; retried while the agent runs"),
         }
-        match attach_drop_tracer(&mut ebpf, kernel_btf.as_ref(), options.drop_tracer) {
-            Ok(variant) => {
-                info!(variant, "drop tracer attached");
-                probes.probes.insert(DROP_PROBE, Some(variant.to_string()));
-            }
-            Err(reasons) => {
-                warn!(%reasons, "drop tracer unsupported on this kernel; drops are not counted");
-                probes.probes.insert(DROP_PROBE, None);
-                probes.errors.insert(DROP_PROBE, reasons);
-            }
+        probes.record(UPCALL_PROBE, &upcall_tracer);
+        let drop_tracer = attach_drop_tracer(&mut ebpf, kernel_btf.as_ref(), options.drop_tracer);
+        match &drop_tracer {
+            Ok(variant) => info!(variant, "drop tracer attached"),
+            Err(reasons) => warn!(%reasons, "drop tracer unsupported on this kernel; drops are not counted"),
         }
+        probes.record(DROP_PROBE, &drop_tracer);
 
         let stats = if options.bpf_stats {
             match enable_stats(Stats::RunTime) {
@@ -279,19 +265,13 @@ impl Datapath {
         if self.probes.probes.get(UPCALL_PROBE).is_some_and(Option::is_some) {
             return false;
         }
-        match attach_upcall_tracer(&mut self.ebpf) {
-            Ok(variant) => {
-                info!(variant, "OVS upcall tracer attached (openvswitch.ko appeared)");
-                self.probes.probes.insert(UPCALL_PROBE, Some(variant.to_string()));
-                self.probes.errors.remove(UPCALL_PROBE);
-                true
-            }
-            Err(reason) => {
-                debug!(%reason, "OVS upcall tracer still not attached");
-                self.probes.errors.insert(UPCALL_PROBE, reason);
-                false
-            }
+        let result = attach_upcall_tracer(&mut self.ebpf);
+        match &result {
+            Ok(variant) => info!(variant, "OVS upcall tracer attached (openvswitch.ko appeared)"),
+            Err(reason) => debug!(%reason, "OVS upcall tracer still not attached"),
         }
+        self.probes.record(UPCALL_PROBE, &result);
+        result.is_ok()
     }
 
     pub fn probes(&self) -> &ProbeReport {

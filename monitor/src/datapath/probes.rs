@@ -78,6 +78,22 @@ pub struct ProbeReport {
     pub errors: BTreeMap<&'static str, String>,
 }
 
+impl ProbeReport {
+    /// Records an attach attempt of `probe`: the variant in use, or unsupported and why.
+    pub(super) fn record(&mut self, probe: &'static str, result: &Result<&'static str, String>) {
+        match result {
+            Ok(variant) => {
+                self.probes.insert(probe, Some(variant.to_string()));
+                self.errors.remove(probe);
+            }
+            Err(reason) => {
+                self.probes.insert(probe, None);
+                self.errors.insert(probe, reason.clone());
+            }
+        }
+    }
+}
+
 /// tp_btf first (cheaper, typed), else the classic tracepoint. Returns the variant used.
 pub(super) fn attach_drop_tracer(
     ebpf: &mut Ebpf,
