@@ -123,7 +123,7 @@ pub fn stats() -> anyhow::Result<DatapathStats> {
 }
 
 /// `lookups: hit:H missed:M lost:L` and `flows: F` of the first datapath in `ovs-dpctl show`.
-fn parse_dpctl_show(text: &str) -> Option<DatapathStats> {
+pub fn parse_dpctl_show(text: &str) -> Option<DatapathStats> {
     let mut stats = DatapathStats::default();
     let mut seen = (false, false);
     for line in text.lines().map(str::trim) {

@@ -90,9 +90,9 @@ impl<'a> Ovs<'a> {
     /// `ovs-dpctl show`'s `lost` of the netns's kernel datapath.
     fn lost(&self) -> Result<u64> {
         let text = self.ns.exec(&["ovs-dpctl", "show"])?;
-        let lookups = text.lines().find_map(|l| l.trim().strip_prefix("lookups:")).context("no lookups line")?;
-        let lost = lookups.split_whitespace().find_map(|f| f.strip_prefix("lost:")).context("no lost: field")?;
-        Ok(lost.parse()?)
+        let stats =
+            datapath::parse_dpctl_show(&text).with_context(|| format!("cannot read `ovs-dpctl show`:\n{text}"))?;
+        Ok(stats.lost)
     }
 }
 
