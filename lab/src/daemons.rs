@@ -228,7 +228,7 @@ pub fn udp_client(target: &str, rate: u32, log: &Path) -> anyhow::Result<()> {
 }
 
 /// A parsed `http://host:port/path` URL.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpUrl {
     /// `host:port`.
     pub authority: String,
@@ -310,34 +310,62 @@ pub fn http_get(url: &str, target: &HttpUrl, timeout: Duration) -> Result<(), St
 }
 
 /// Probes `url` every `period` with a total `timeout`, appending one JSON line per probe to
-/// `log` and printing readiness transitions the way kubelet logs them.
+/// `log` (when it finishes) and printing readiness transitions the way kubelet logs them.
+///
+/// With `period` at least `timeout` (kubelet's default: 1 s and 1 s) it probes like kubelet: one
+/// probe at a time, a probe that ran past its tick followed at once, missed ticks skipped. With a
+/// shorter period every tick starts a probe of its own, so that probes overlap during an outage
+/// and both the first failure and the first success after it fall within one period of the
+/// outage's start and end.
 pub fn prober(url: &str, period: Duration, timeout: Duration, log: &Path) -> anyhow::Result<()> {
     let target = parse_url(url)?;
     println!(
-        "{} probing {url} every {:.1} s (timeout {:.1} s)",
+        "{} probing {url} every {:.2} s (timeout {:.1} s{})",
         now_text(),
         period.as_secs_f64(),
-        timeout.as_secs_f64()
+        timeout.as_secs_f64(),
+        if period < timeout { ", overlapping" } else { "" }
     );
+    let (results, finished) = std::sync::mpsc::channel::<Probe>();
+    let log = log.to_path_buf();
+    std::thread::spawn(move || {
+        let mut failing_since: Option<Timestamp> = None;
+        for probe in finished {
+            append_line(&log, &probe.to_line());
+            match (&probe.error, failing_since) {
+                (Some(error), None) => {
+                    println!("{:.3} Readiness probe failed: {error}", probe.at);
+                    failing_since = Some(probe.at);
+                }
+                (Some(error), Some(_)) => println!("{:.3} Readiness probe failed: {error}", probe.at),
+                (None, Some(since)) if probe.at > since => {
+                    println!(
+                        "{:.3} Readiness probe succeeded: ready again after {:.1} s",
+                        probe.at,
+                        seconds_between(since, probe.at)
+                    );
+                    failing_since = None;
+                }
+                (None, _) => {}
+            }
+        }
+    });
+    let probe_once = move |url: &str, target: &HttpUrl| {
+        let at = Timestamp::now();
+        let result = http_get(url, target, timeout);
+        Probe { at, ok: result.is_ok(), error: result.err() }
+    };
+    let overlapping = period < timeout;
     let start = Instant::now();
     let mut tick = 0u32;
-    let mut failing_since: Option<Timestamp> = None;
     loop {
-        let at = Timestamp::now();
-        let result = http_get(url, &target, timeout);
-        let probe = Probe { at, ok: result.is_ok(), error: result.as_ref().err().cloned() };
-        append_line(log, &probe.to_line());
-        match (&result, failing_since) {
-            (Err(error), None) => {
-                println!("{:.3} Readiness probe failed: {error}", at);
-                failing_since = Some(at);
-            }
-            (Err(error), Some(_)) => println!("{:.3} Readiness probe failed: {error}", at),
-            (Ok(()), Some(since)) => {
-                println!("{:.3} Readiness probe succeeded: ready again after {:.1} s", at, seconds_between(since, at));
-                failing_since = None;
-            }
-            (Ok(()), None) => {}
+        if overlapping {
+            let (url, target, results) = (url.to_string(), target.clone(), results.clone());
+            std::thread::spawn(move || {
+                let _ = results.send(probe_once(&url, &target));
+            });
+        } else if results.send(probe_once(url, &target)).is_err() {
+            anyhow::bail!("the prober's log writer stopped");
         }
         // The next tick on the period grid; a probe that ran past it (a timeout) is followed at
         // once, like kubelet's ticker, and ticks missed entirely are skipped.

@@ -22,7 +22,7 @@ pub mod sdn;
 pub mod soak;
 pub mod sys;
 
-use std::{fmt, path::PathBuf};
+use std::{fmt, path::PathBuf, time::Duration};
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -194,6 +194,33 @@ pub struct Lab {
     /// The OVS datapath under the bridge (labs built before it was a choice ran userspace).
     #[serde(default)]
     pub datapath: Datapath,
+    /// How often the prober probes, in milliseconds (labs built before it was a choice: 1 s).
+    #[serde(default = "default_probe_period_ms")]
+    pub probe_period_ms: u64,
+}
+
+/// The prober's period unless told otherwise: kubelet's default for readiness probes.
+pub const DEFAULT_PROBE_PERIOD: Duration = Duration::from_secs(1);
+
+fn default_probe_period_ms() -> u64 {
+    DEFAULT_PROBE_PERIOD.as_millis() as u64
+}
+
+/// How to build a lab ([`Lab::up_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LabOptions {
+    /// OVS's datapath under the bridge.
+    pub datapath: Datapath,
+    /// How often the prober probes (each probe still times out after 1 s; probes overlap when
+    /// the period is shorter). `cargo xtask eval` probes every 250 ms, so that the outage it
+    /// measures is quantized by 250 ms, not by kubelet's 1 s.
+    pub probe_period: Duration,
+}
+
+impl Default for LabOptions {
+    fn default() -> Self {
+        Self { datapath: Datapath::default(), probe_period: DEFAULT_PROBE_PERIOD }
+    }
 }
 
 /// What a scenario did and what it cost.

@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use dm_lab::{Datapath, Lab, Scenario, daemons, sdn, soak, sys};
+use dm_lab::{Datapath, Lab, LabOptions, Scenario, daemons, sdn, soak, sys};
 
 #[derive(Parser)]
 #[command(name = "dm-lab", about = "An OpenShift SDN node in a box, replaying pod-network disruptions")]
@@ -22,6 +22,9 @@ enum Cmd {
         /// production nodes run it).
         #[arg(long, default_value = "userspace", value_parser = Datapath::parse)]
         datapath: Datapath,
+        /// How often the prober probes (kubelet's default 1 s; shorter periods overlap probes).
+        #[arg(long, default_value = "1s", value_parser = daemons::parse_duration)]
+        probe_period: Duration,
     },
     /// Remove every lab object (idempotent).
     Down,
@@ -131,9 +134,9 @@ fn write_pid(pidfile: &Option<PathBuf>) -> anyhow::Result<()> {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Cmd::Up { datapath } => {
+        Cmd::Up { datapath, probe_period } => {
             let bin = std::env::current_exe().context("cannot find this executable")?;
-            let lab = Lab::up_on(&bin, datapath)?;
+            let lab = Lab::up_with(&bin, LabOptions { datapath, probe_period })?;
             println!("{}", lab.status()?);
             println!("agent flags: {}", lab.agent_args().join(" "));
         }

@@ -10,13 +10,13 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, bail};
+use anyhow::{Context, bail, ensure};
 use jiff::Timestamp;
 use nix::sys::signal::Signal;
 
 use crate::{
-    BRIDGE, Datapath, GATEWAY, HEALTHZ_PORT, Lab, LabPod, NETNS_PREFIX, NODE_NETNS, PREFIX, Probe, ROOT, TUN, UDP_PORT,
-    UDP_RATE, cni, datapath,
+    BRIDGE, Datapath, GATEWAY, HEALTHZ_PORT, Lab, LabOptions, LabPod, NETNS_PREFIX, NODE_NETNS, PREFIX, Probe, ROOT,
+    TUN, UDP_PORT, UDP_RATE, cni, datapath,
     probe_log::{self, UdpSecond},
     sdn,
     sys::{self, Daemon, OvsDirs},
@@ -104,6 +104,7 @@ impl Lab {
             sdn_bin: root.join("bin/openshift-sdn-node"),
             created: Timestamp::now(),
             datapath,
+            probe_period_ms: crate::DEFAULT_PROBE_PERIOD.as_millis() as u64,
         }
     }
 
@@ -193,6 +194,16 @@ impl Lab {
     /// out OVS 3.1.0's CPU-count bug right after boot (see [`datapath`]) and checks the switch's
     /// health (upcall handlers, no upcall lost) besides the probes.
     pub fn up_on(dm_lab_bin: &Path, datapath: Datapath) -> anyhow::Result<Lab> {
+        Self::up_with(dm_lab_bin, LabOptions { datapath, ..LabOptions::default() })
+    }
+
+    /// [`Lab::up_on`] with every build option.
+    pub fn up_with(dm_lab_bin: &Path, options: LabOptions) -> anyhow::Result<Lab> {
+        let LabOptions { datapath, probe_period } = options;
+        ensure!(
+            (Duration::from_millis(50)..=Duration::from_secs(60)).contains(&probe_period),
+            "the probe period must be between 50 ms and 60 s (got {probe_period:?})"
+        );
         if !dm_lab_bin.is_file() {
             bail!("dm-lab binary {} not found (build it first)", dm_lab_bin.display());
         }
@@ -205,7 +216,8 @@ impl Lab {
             datapath::load_module()?;
         }
         Self::down()?;
-        let lab = Self::planned(Path::new(ROOT), datapath);
+        let mut lab = Self::planned(Path::new(ROOT), datapath);
+        lab.probe_period_ms = probe_period.as_millis() as u64;
         lab.build(dm_lab_bin)
             .context("building the lab failed (its logs are under /run/dm-lab/logs; `dm-lab down` cleans up)")?;
         Ok(lab)
@@ -321,6 +333,7 @@ impl Lab {
         )?;
         let url = format!("http://{}:{HEALTHZ_PORT}/healthz", apiserver.ip);
         let since = Timestamp::now();
+        let period = format!("{}ms", self.probe_period_ms);
         self.spawn(
             "prober",
             NODE_NETNS,
@@ -330,7 +343,7 @@ impl Lab {
                 "--url",
                 &url,
                 "--period",
-                "1s",
+                &period,
                 "--timeout",
                 "1s",
                 "--log",

@@ -53,14 +53,18 @@ pub fn parse_probes(text: &str) -> Vec<Probe> {
     text.lines().filter_map(|line| serde_json::from_str::<Probe>(line.trim()).ok()).collect()
 }
 
-/// Reads the prober log at `path` (no file: no probes), keeping probes at or after `since`.
+/// Reads the prober log at `path` (no file: no probes), keeping probes at or after `since`,
+/// in the order they started (overlapping probes are logged as they finish).
 pub fn read_probes(path: &Path, since: Option<Timestamp>) -> anyhow::Result<Vec<Probe>> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(error) => return Err(anyhow::anyhow!("cannot read prober log {}: {error}", path.display())),
     };
-    Ok(parse_probes(&text).into_iter().filter(|probe| since.is_none_or(|since| probe.at >= since)).collect())
+    let mut probes: Vec<Probe> =
+        parse_probes(&text).into_iter().filter(|probe| since.is_none_or(|since| probe.at >= since)).collect();
+    probes.sort_by_key(|probe| probe.at);
+    Ok(probes)
 }
 
 /// The outage among `probes` started in `[from, until]`: None when none of them failed.

@@ -72,11 +72,13 @@ impl Lab {
             Scenario::BenignRestart => self.benign_restart(&mut steps)?,
             Scenario::SilentDrop => self.silent_drop(&mut steps)?,
         };
+        // Ready: the probes of 2 s (at least 2) in a row passed, like kubelet's 2 at its 1 s period.
+        let needed = (2000 / self.probe_period_ms.max(1)).max(2) as usize;
         let ready = sys::wait_for(READY_TIMEOUT, || {
-            self.probes(Some(settled)).ok().filter(|probes| ready_since(probes, settled, 2))
+            self.probes(Some(settled)).ok().filter(|probes| ready_since(probes, settled, needed))
         });
         match ready {
-            Some(_) => steps.now("prober ready (2 probes in a row passed after the scenario settled)"),
+            Some(_) => steps.now(format!("prober ready ({needed} probes in a row passed after the scenario settled)")),
             None => {
                 steps.now(format!("prober still not ready {} s after the scenario settled", READY_TIMEOUT.as_secs()))
             }

@@ -54,11 +54,13 @@ pub fn render(meta: &Meta, runs: &[RunRecord], soak: Option<&SoakRecord>) -> Str
     );
     let _ = writeln!(
         out,
-        "Ground truth comes from the lab, which the agent never sees: the kubelet-like prober (a probe \
-         every 1 s; outage = first failed probe → first successful one) and the client pod's UDP stream \
+        "Ground truth comes from the lab, which the agent never sees: the kubelet-like prober (an HTTP \
+         probe with a 1 s timeout started every {} ms, 4 times kubelet's rate so that an outage is \
+         measured to 250 ms, not to 1 s; outage = first failed probe → first successful one) and the client pod's UDP stream \
          (20 datagrams/s, each numbered and echoed; a datagram not echoed within 1 s is lost). Each run \
          starts a fresh agent (empty state dir) and disrupts 2 s after it is ready (cold, odd repeats) or \
-         12 s after (warm, even repeats).\n"
+         12 s after (warm, even repeats).\n",
+        super::PROBE_PERIOD.as_millis()
     );
     render_summary(&mut out, &assessed, soak);
     render_scenarios(&mut out, &assessed);
