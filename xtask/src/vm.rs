@@ -186,7 +186,14 @@ pub fn test_kernels(
             timeout: Some(TEST_TIMEOUT),
             console_log: Some(logs.join(format!("{}.log", kernel.name()))),
         };
-        let report = match guest::run(&prepared, &job) {
+        let mut outcome = guest::run(&prepared, &job);
+        if let Err(error) = &outcome
+            && error.downcast_ref::<guest::BootFailed>().is_some()
+        {
+            println!("==> the Linux {} guest failed to boot (no test ran): booting it once more", kernel.name());
+            outcome = guest::run(&prepared, &job);
+        }
+        let report = match outcome {
             Ok(outcome) => KernelReport::read(kernel, &prepared.release, &outcome, started.elapsed()),
             Err(error) => {
                 println!("error: Linux {} guest: {error:#}", kernel.name());

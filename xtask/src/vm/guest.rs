@@ -179,13 +179,27 @@ pub fn run(kernel: &PreparedKernel, job: &Job) -> anyhow::Result<Outcome> {
         None if boot_seconds.is_some() => {
             bail!("the guest (Linux {}) stopped before its command ended (QEMU {qemu_status})", kernel.release)
         }
-        None => bail!(
+        None => Err(BootFailed(format!(
             "the guest (Linux {}) stopped without reporting its command's exit status (QEMU {qemu_status}); \
              boot or init failed, see the console above",
             kernel.release
-        ),
+        ))
+        .into()),
     }
 }
+
+/// The guest never reached its userland (a kernel oops while booting, say): nothing of the job
+/// ran, so booting it again cannot hide a failure of the job.
+#[derive(Debug)]
+pub struct BootFailed(String);
+
+impl std::fmt::Display for BootFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BootFailed {}
 
 /// The initramfs as a newc cpio archive; returns its path.
 fn build_initramfs(kernel: &PreparedKernel, job: &Job, nonce: &str, scratch: &Path) -> anyhow::Result<PathBuf> {
