@@ -184,7 +184,7 @@ impl Default for Config {
             process_restart_window_seconds: 60,
             event_capacity: 10_000,
             incident_floor: 3,
-            incident_quiet_ms: 3_000,
+            incident_quiet_ms: 4_000,
             incident_max_seconds: 300,
             incident_lookback_seconds: 30,
             incident_baseline_seconds: 60,

@@ -75,9 +75,10 @@ fn replay(scenario: Scenario) -> Result<Run> {
     };
     let events = agent.events(|_| true)?;
     println!(
-        "{scenario:?} on the {} datapath: prober outage {:?}",
+        "{scenario:?} on the {} datapath: prober outage {:?}, UDP loss {:?}",
         lab.0.datapath,
-        report.outage.as_ref().map(|o| o.seconds)
+        report.outage.as_ref().map(|o| (o.first_failure, o.recovered, o.seconds)),
+        report.udp_loss.as_ref().map(|w| (w.first_lost, w.last_lost, w.lost))
     );
     println!("{}", serde_json::to_string_pretty(&incidents).unwrap_or_default());
     Ok(Run { lab, report, incidents, events })

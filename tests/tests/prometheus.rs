@@ -358,7 +358,7 @@ fn a_real_prometheus_fires_disruption_in_progress_during_a_drop_and_resolves_it_
     let down = prometheus.alerts("DatapathMonitorDown")?;
     ensure!(down.is_empty(), "DatapathMonitorDown while the agent runs: {down:#?}");
 
-    // Resolved: the incident closes 3 s (incident_quiet_ms) after its last bad sample,
+    // Resolved: the incident closes 4 s (incident_quiet_ms) after its last bad sample,
     // then the next scrape and evaluation clear the alert.
     let deadline = removed_at + Duration::from_secs(20);
     while !prometheus.alerts("DatapathDisruptionInProgress")?.is_empty() {

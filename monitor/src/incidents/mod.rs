@@ -40,7 +40,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             floor: 3,
-            quiet: Duration::from_secs(3),
+            quiet: Duration::from_secs(4),
             max_duration: Duration::from_secs(300),
             lookback: Duration::from_secs(30),
             baseline_seconds: 60,

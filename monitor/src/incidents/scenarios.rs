@@ -682,7 +682,7 @@ proptest! {
         }
         sim.run(&names, &rates, 0.0, 100.0);
         let incidents = sim.engine.incidents();
-        // Evidence stopped by 86 s; quiet is 3 s: nothing may be open at 100 s.
+        // Evidence stopped by 86 s; quiet is 4 s: nothing may be open at 100 s.
         prop_assert!(last_evidence > 96.0 || !sim.engine.active(), "{incidents:#?}");
         let mut spans: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
         for incident in &incidents {
