@@ -13,11 +13,11 @@
 //! the last `baseline_seconds`. A disruption starts when a class's trailing second exceeds
 //! `median + max(3·MAD, 3·√median)` by at least `floor` (benign-class drops: and exceed the
 //! same bound per packet of the second's traffic, as many grow with it); its onset is the earliest evidence in
-//! that second (a drop's sample interval, the start of an unanswered stretch, the interval of
-//! an unanswered SYN). It goes on while samples stay above the baseline with the trailing
-//! second at least `floor / 2` over it, and ends `quiet` after the last such sample, at that
-//! sample's latest evidence (the kernel's time of the last unanswered packet, else the sample;
-//! the engine ends it, see [`super::engine`]). Both directions going quiet is idle:
+//! that second, timed as [`InterfaceState::observe`] says (the kernel's time for unanswered
+//! packets, the middle of a sample interval for drops and unanswered SYNs, earlier by TCP's
+//! least timeout for retransmits). It goes on while samples stay above the baseline with the
+//! trailing second at least `floor / 2` over it, and ends `quiet` after the last such sample,
+//! at its latest evidence (the engine ends it, see [`super::engine`]). Both directions going quiet is idle:
 //! [`Activity`] only tells the engine which interfaces fell silent during an incident.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -26,6 +26,10 @@ use super::{EngineConfig, record::LostPackets};
 use crate::sampling::sampler::InterfaceSeries;
 
 pub(super) const SECOND_NS: u64 = 1_000_000_000;
+/// TCP's initial retransmission timeout (`TCP_TIMEOUT_INIT`): a SYN is retransmitted no sooner.
+const TCP_SYN_TIMEOUT_NS: u64 = SECOND_NS;
+/// TCP's minimum retransmission timeout (`TCP_RTO_MIN`).
+const TCP_RTO_MIN_NS: u64 = 200_000_000;
 /// Calm seconds a benign-class baseline needs before benign drops are judged.
 const BASELINE_MIN: usize = 5;
 /// The directions of an interface's counters, in their index order.
@@ -185,9 +189,9 @@ pub(super) struct Handshakes {
 }
 
 impl Handshakes {
-    /// Unanswered SYNs found at this sample by direction, and the start of the interval they
-    /// were sent in.
-    fn observe(&mut self, now_ns: u64, counters: &Counters) -> ([u64; 2], Option<u64>) {
+    /// Unanswered SYNs found at this sample by direction, and the sample interval they were
+    /// sent in.
+    fn observe(&mut self, now_ns: u64, counters: &Counters) -> ([u64; 2], Option<(u64, u64)>) {
         let outstanding = [0, 1].map(|d| counters.syns[d].saturating_sub(counters.answered[d]));
         self.recent.push_back((now_ns, outstanding));
         while self.recent.len() > 4 {
@@ -198,13 +202,13 @@ impl Handshakes {
             return ([0, 0], None);
         }
         let floor = [0, 1].map(|d| self.recent.iter().skip(n - 3).map(|(_, o)| o[d]).min().unwrap_or(0));
-        // Sent after the sample before the oldest of the three.
-        let sent_from = self.recent[n.saturating_sub(4)].0;
+        // Sent after the sample before the oldest of the three, up to that oldest one.
+        let sent_in = (self.recent[n.saturating_sub(4)].0, self.recent[n - 3].0);
         let Some(mark) = self.mark.replace(floor) else {
             return ([0, 0], None);
         };
         let unanswered = [0, 1].map(|d| floor[d].saturating_sub(mark[d]));
-        (unanswered, (unanswered != [0, 0]).then_some(sent_from))
+        (unanswered, (unanswered != [0, 0]).then_some(sent_in))
     }
 }
 
@@ -416,7 +420,7 @@ impl InterfaceState {
         let dt_s = (now_ns - prev_ns) as f64 / 1e9;
 
         // This interval's evidence.
-        let (unanswered_syns, syn_onset) = self.handshakes.observe(now_ns, &current);
+        let (unanswered_syns, syn_sent_in) = self.handshakes.observe(now_ns, &current);
         let unanswered_flows = delta.unanswered[0] + delta.unanswered[1];
         let unanswered = [0, 1].map(|d| delta.unanswered[d] + unanswered_syns[d]);
         let mut lost = LostPackets {
@@ -443,35 +447,47 @@ impl InterfaceState {
                 *lost.dropped.entry(reason).or_default() += n;
             }
         }
-        let mut onsets = Vec::new();
-        if !lost.dropped.is_empty() || lost.retransmitted > 0 {
-            onsets.push(prev_ns);
+        // When the lost packets this interval shows were sent, as (earliest, latest): the
+        // kernel's times for unanswered packets; the interval's midpoint (the least worst-case
+        // error) for drops and for SYNs left unanswered; for a retransmit, that midpoint less the
+        // least the sender waited before retransmitting (TCP's initial SYN timeout of 1 s, its
+        // 200 ms minimum RTO for data): the lost packet is the one it retransmits.
+        let mid = |from: u64, to: u64| from + (to - from) / 2;
+        let mut times: Vec<(u64, u64)> = Vec::new();
+        if !lost.dropped.is_empty() {
+            let at = mid(prev_ns, now_ns);
+            times.push((at, at));
+        }
+        if delta.syn > 0 {
+            let at = mid(prev_ns, now_ns).saturating_sub(TCP_SYN_TIMEOUT_NS).max(prev_ns.saturating_sub(SECOND_NS));
+            times.push((at, at));
+        }
+        if delta.data_retransmits > 0 {
+            let at = mid(prev_ns, now_ns).saturating_sub(TCP_RTO_MIN_NS);
+            times.push((at, at));
+        }
+        if let Some((from, to)) = syn_sent_in {
+            let at = mid(from, to);
+            times.push((at, at));
         }
         if unanswered_flows > 0 {
             // The kernel's start of the latest counted stretch; a stale one (the field keeps the
             // latest ever counted) falls back to the stretch length before this interval.
             let since = current.unanswered_since_ns;
             let fallback = prev_ns.saturating_sub(monitor_common::UNANSWERED_AFTER_NS);
-            onsets.push(if since >= fallback.saturating_sub(SECOND_NS) && since <= now_ns { since } else { fallback });
-        }
-        onsets.extend(syn_onset);
-        let onset_ns = onsets.into_iter().min();
-        // The latest evidence: a counted unanswered packet has its kernel time; drops,
-        // retransmits and unanswered SYNs have none finer than this sample.
-        let last_evidence_ns = if !lost.dropped.is_empty() || lost.retransmitted > 0 || unanswered_syns != [0, 0] {
-            Some(now_ns)
-        } else if unanswered_flows > 0 {
-            let last = current.unanswered_last_ns;
+            let first = if since >= fallback.saturating_sub(SECOND_NS) && since <= now_ns { since } else { fallback };
             // The coarse clock may lag the sample's by a jiffy; a time outside the interval
             // (a kernel without it, a stale value) falls back to the sample.
-            Some(if last > prev_ns.saturating_sub(SECOND_NS / 10) && last <= now_ns {
+            let last = current.unanswered_last_ns;
+            let last = if last > prev_ns.saturating_sub(SECOND_NS / 10) && last <= now_ns {
                 last.max(prev_ns)
             } else {
                 now_ns
-            })
-        } else {
-            None
-        };
+            };
+            times.push((first, last));
+        }
+        let onset_ns = times.iter().map(|(first, _)| *first).min();
+        let last_evidence_ns = times.iter().map(|(_, last)| *last).max();
 
         let before = std::mem::replace(&mut self.last, current.clone());
         let evidence = Evidence { lost, unanswered, syn_retransmits: delta.syn_retransmits };
@@ -547,7 +563,8 @@ impl InterfaceState {
                 let half = (floor / 2.0).max(1.0);
                 if (sample_loss_above && loss_excess >= half) || (benign_above && benign_excess >= half) {
                     disruption.last_bad_ns = now_ns;
-                    disruption.last_evidence_ns = last_evidence_ns.unwrap_or(now_ns);
+                    // A retransmit seen late may tell of a loss before the latest evidence.
+                    disruption.last_evidence_ns = disruption.last_evidence_ns.max(last_evidence_ns.unwrap_or(now_ns));
                     disruption.end = current.clone();
                 }
             }

@@ -476,8 +476,10 @@ fn each_evidence_opens_an_incident_when_it_should() {
             assert!(!incident.active, "{what}: still open");
             assert!(incident.totals.lost_packets > 0, "{what}: {incident:#?}");
             // Onset from the first evidence, within a sample interval (plus the 500 ms an
-            // unanswered handshake waits).
-            let onset = stamp(rates.from).wall;
+            // unanswered handshake waits); a retransmitted SYN tells of the SYN it repeats, sent
+            // TCP's initial timeout (1 s) earlier.
+            let lead = if what.starts_with("SYN retransmits") { 1.0 } else { 0.0 };
+            let onset = stamp(rates.from - lead).wall;
             let start: jiff::Timestamp = incident.start.parse().unwrap();
             let error = start.duration_since(onset).as_secs_f64();
             assert!((-0.3..=0.8).contains(&error), "{what}: onset off by {error} s");
@@ -514,12 +516,14 @@ fn an_incident_ends_at_its_last_unanswered_packet_not_at_the_next_sample() {
     assert_eq!(incident.start, rfc3339(stamp(10.0).wall), "{incident:#?}");
     assert_eq!(incident.end, Some(rfc3339(stamp(18.1).wall)), "{incident:#?}");
     assert!((incident.duration_seconds - 8.1).abs() < 1e-6, "{}", incident.duration_seconds);
-    // Drops have no kernel time: their incident ends at the sample that counted the last.
+    // Drops have no kernel time: their incident ends in the middle of the sample interval
+    // that counted the last (18.0–18.25 s), and starts in the middle of the first one.
     let mut sim = Sim::new();
     let rates = [steady("veth0001", 40.0), burst("veth0001", 10.0, 18.1, 100)];
     sim.run(&["veth0001"], &rates, 0.0, 40.0);
     let incidents = sim.engine.incidents();
-    assert_eq!(incidents[0].end, Some(rfc3339(stamp(18.25).wall)), "{incidents:#?}");
+    assert_eq!(incidents[0].end, Some(rfc3339(stamp(18.125).wall)), "{incidents:#?}");
+    assert_eq!(incidents[0].start, rfc3339(stamp(10.125).wall), "{incidents:#?}");
 }
 
 #[test]
