@@ -170,7 +170,23 @@ pub struct DropKey {
     pub ifindex: u32,
     /// `enum skb_drop_reason` value, or [`DROP_REASON_UNKNOWN`].
     pub reason: u32,
-    pub _pad: u32,
+    /// 0, or the ifindex of the host-side device (`tun0`, a management port, a bridge) that
+    /// dropped a packet for a pod's address: then `netns` and `ifindex` are those of the pod's
+    /// veth (host side), so that the drop counts for the pod it was meant for
+    /// ([`POD_ADDRESSES_MAP`]).
+    pub via: u32,
+}
+
+/// Key of [`POD_ADDRESSES_MAP`]: an address of a pod; the value is the ifindex of the pod's
+/// veth on the host side. Filled by the agent from the CNI cache.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PodAddress {
+    /// `AF_INET` (2) or `AF_INET6` (10).
+    pub family: u16,
+    pub _pad: u16,
+    /// IPv4 addresses use the first four bytes, the rest stay zero.
+    pub addr: [u8; 16],
 }
 
 /// Reason recorded on kernels whose `kfree_skb` tracepoint has no reason field.
@@ -210,7 +226,9 @@ pub const MAP_ERROR_FLOWS_INSERT: u32 = 2;
 /// The process event ring buffer was full: a lifecycle event was lost.
 pub const MAP_ERROR_PROCESS_EVENTS: u32 = 3;
 pub const MAP_ERROR_RETRANSMITS: u32 = 4;
-pub const MAP_ERROR_SLOTS: u32 = 5;
+/// Counted by the agent, not the kernel: pod veths and addresses the drop tracer's maps refused.
+pub const MAP_ERROR_POD_ADDRESSES: u32 = 5;
+pub const MAP_ERROR_SLOTS: u32 = 6;
 
 /// Map names, as the agent looks them up.
 pub const INTERFACE_COUNTERS_MAP: &str = "INTERFACE_COUNTERS";
@@ -222,6 +240,9 @@ pub const MAP_ERRORS_MAP: &str = "MAP_ERRORS";
 pub const SDN_COMMS_MAP: &str = "SDN_COMMS";
 pub const PROCESS_EVENTS_MAP: &str = "PROCESS_EVENTS";
 pub const RETRANSMITS_MAP: &str = "RETRANSMITS";
+pub const POD_ADDRESSES_MAP: &str = "POD_ADDRESSES";
+/// Host-side ifindexes of the watched pod veths: drops on them stay theirs.
+pub const POD_VETHS_MAP: &str = "POD_VETHS";
 
 /// Default sizes; the agent may override them at load time.
 pub const INTERFACE_COUNTERS_MAX: u32 = 4096;
@@ -233,6 +254,9 @@ pub const FLOWS_MAX: u32 = 65_536;
 pub const CONVERSATIONS_MAX: u32 = 16_384;
 pub const DROPS_MAX: u32 = 16_384;
 pub const RETRANSMITS_MAX: u32 = 4096;
+/// Pod addresses (two per dual-stack pod) and pod veths the drop tracer knows.
+pub const POD_ADDRESSES_MAX: u32 = 8192;
+pub const POD_VETHS_MAX: u32 = 4096;
 /// How many process names the kernel filter holds.
 pub const SDN_COMMS_MAX: u32 = 64;
 /// Bytes of the process event ring buffer (a power of two, a multiple of the page size).
@@ -257,6 +281,13 @@ pub const GLOBAL_SKB_DEV_OFFSET: &str = "SKB_DEV_OFFSET";
 pub const GLOBAL_DEV_IFINDEX_OFFSET: &str = "DEV_IFINDEX_OFFSET";
 pub const GLOBAL_DEV_NET_OFFSET: &str = "DEV_NET_OFFSET";
 pub const GLOBAL_NET_INUM_OFFSET: &str = "NET_INUM_OFFSET";
+/// What the drop tracer reads to find a dropped packet's destination: `sk_buff.head`,
+/// `sk_buff.network_header` and `sk_buff.protocol`; and the host's netns inode, whose
+/// devices other than pod veths credit drops to the destination pod.
+pub const GLOBAL_SKB_HEAD_OFFSET: &str = "SKB_HEAD_OFFSET";
+pub const GLOBAL_SKB_NETWORK_HEADER_OFFSET: &str = "SKB_NETWORK_HEADER_OFFSET";
+pub const GLOBAL_SKB_PROTOCOL_OFFSET: &str = "SKB_PROTOCOL_OFFSET";
+pub const GLOBAL_HOST_NETNS: &str = "HOST_NETNS";
 /// Offsets of fields in the classic `skb:kfree_skb` tracepoint record (from its format file).
 pub const GLOBAL_TP_SKBADDR_OFFSET: &str = "TP_SKBADDR_OFFSET";
 pub const GLOBAL_TP_REASON_OFFSET: &str = "TP_REASON_OFFSET";
@@ -328,6 +359,7 @@ mod user {
     unsafe impl aya::Pod for Conversation {}
     unsafe impl aya::Pod for ProcessEvent {}
     unsafe impl aya::Pod for RetransmitKey {}
+    unsafe impl aya::Pod for PodAddress {}
 }
 
 #[cfg(test)]
@@ -348,6 +380,7 @@ mod tests {
         assert_eq!(size_of::<FlowState>(), 16);
         assert_eq!(size_of::<DropKey>(), 16);
         assert_eq!(size_of::<RetransmitKey>(), 4 + 2 + 2 + 16);
+        assert_eq!(size_of::<PodAddress>(), 2 + 2 + 16);
         assert_eq!(size_of::<ProcessEvent>(), 8 + 4 * 4 + COMM_LEN);
     }
 }

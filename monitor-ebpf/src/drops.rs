@@ -1,5 +1,10 @@
 //! Drop tracer on `skb:kfree_skb`: counts per (netns of skb->dev, ifindex, reason).
 //!
+//! A packet for a pod's address dropped on a host-side device (`tun0`, a management port, a
+//! bridge: any device of the host's netns but a pod veth) counts for that pod: under the key
+//! of the pod's veth, with the device in `via`. Drops on a pod's own veth stay the pod's,
+//! whatever their destination.
+//!
 //! rustc emits no CO-RE relocations, so the agent resolves kernel struct offsets from
 //! /sys/kernel/btf/vmlinux and hands them over as globals.
 
@@ -8,10 +13,13 @@ use core::ptr::read_volatile;
 use aya_ebpf::{
     helpers::bpf_probe_read_kernel,
     macros::{btf_tracepoint, map, tracepoint},
-    maps::PerCpuHashMap,
+    maps::{HashMap, PerCpuHashMap},
     programs::{BtfTracePointContext, TracePointContext},
 };
-use monitor_common::{DROP_REASON_UNKNOWN, DROPS_MAX, DropKey, MAP_ERROR_DROPS_FULL, UPCALL_FAILED_REASON};
+use monitor_common::{
+    AF_INET, AF_INET6, DROP_REASON_UNKNOWN, DROPS_MAX, DropKey, MAP_ERROR_DROPS_FULL, POD_ADDRESSES_MAX, POD_VETHS_MAX,
+    PodAddress, UPCALL_FAILED_REASON,
+};
 
 use crate::{packets::count_map_error, upcalls::is_failed_upcall};
 
@@ -22,8 +30,22 @@ static NOT_SPECIFIED_REASON: u32 = 0;
 #[map(name = "DROPS")]
 static DROPS: PerCpuHashMap<DropKey, u64> = PerCpuHashMap::with_max_entries(DROPS_MAX, 0);
 
+#[map(name = "POD_ADDRESSES")]
+static POD_ADDRESSES: HashMap<PodAddress, u32> = HashMap::with_max_entries(POD_ADDRESSES_MAX, 0);
+
+#[map(name = "POD_VETHS")]
+static POD_VETHS: HashMap<u32, u32> = HashMap::with_max_entries(POD_VETHS_MAX, 0);
+
 #[unsafe(no_mangle)]
 static SKB_DEV_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static SKB_HEAD_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static SKB_NETWORK_HEADER_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static SKB_PROTOCOL_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static HOST_NETNS: u32 = 0;
 #[unsafe(no_mangle)]
 static DEV_IFINDEX_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
@@ -74,12 +96,50 @@ fn record_drop(skb: *const u8, mut reason: u32) {
         reason = UPCALL_FAILED_REASON;
     }
     let (netns, ifindex) = device_of(skb).unwrap_or((0, 0));
-    record_drop_on(netns, ifindex, reason);
+    let key = match pod_destination(skb, netns, ifindex) {
+        Some(veth) => DropKey { netns, ifindex: veth, reason, via: ifindex },
+        None => DropKey { netns, ifindex, reason, via: 0 },
+    };
+    record_drop_on(key);
 }
 
-/// Counts one drop on (netns, ifindex) with `reason`.
-fn record_drop_on(netns: u32, ifindex: u32, reason: u32) {
-    let key = DropKey { netns, ifindex, reason, _pad: 0 };
+/// The host-side veth of the pod a packet dropped on host device (`netns`, `ifindex`) was
+/// addressed to; None for drops outside the host's netns, on pod veths, or not for a pod.
+fn pod_destination(skb: *const u8, netns: u32, ifindex: u32) -> Option<u32> {
+    let host = global(&HOST_NETNS);
+    // SAFETY: plain lookups; the maps hold plain data.
+    if host == 0 || netns != host || unsafe { POD_VETHS.get(ifindex) }.is_some() {
+        return None;
+    }
+    let mut key = PodAddress::default();
+    // SAFETY: bpf_probe_read_kernel checks the addresses; offsets come from the kernel's BTF.
+    unsafe {
+        let protocol: u16 = bpf_probe_read_kernel(skb.add(global(&SKB_PROTOCOL_OFFSET) as usize).cast()).ok()?;
+        let head: *const u8 = bpf_probe_read_kernel(skb.add(global(&SKB_HEAD_OFFSET) as usize).cast()).ok()?;
+        let network: u16 = bpf_probe_read_kernel(skb.add(global(&SKB_NETWORK_HEADER_OFFSET) as usize).cast()).ok()?;
+        // An unset network header is all ones.
+        if head.is_null() || network == u16::MAX {
+            return None;
+        }
+        let ip = head.add(usize::from(network));
+        match u16::from_be(protocol) {
+            0x0800 => {
+                key.family = AF_INET;
+                let daddr: [u8; 4] = bpf_probe_read_kernel(ip.add(16).cast()).ok()?;
+                key.addr[..4].copy_from_slice(&daddr);
+            }
+            0x86dd => {
+                key.family = AF_INET6;
+                key.addr = bpf_probe_read_kernel(ip.add(24).cast()).ok()?;
+            }
+            _ => return None,
+        }
+        POD_ADDRESSES.get(key).copied().filter(|veth| *veth != ifindex)
+    }
+}
+
+/// Counts one drop under `key`.
+fn record_drop_on(key: DropKey) {
     if let Some(count) = DROPS.get_ptr_mut(key) {
         // SAFETY: per-CPU value; this CPU is its only writer while we run.
         unsafe { *count += 1 };

@@ -363,6 +363,95 @@ fn no_socket_drops(agent_args: &[&str], subnet: u8) -> Result<()> {
     Ok(())
 }
 
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn drops_on_a_host_device_for_a_pod_address_count_for_that_pod() -> Result<()> {
+    drops_for_a_pod_on_a_host_device(&[], 21)
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn drops_for_a_pod_on_a_host_device_with_clsact_and_classic_tracepoint() -> Result<()> {
+    drops_for_a_pod_on_a_host_device(FALLBACKS, 22)
+}
+
+/// The node's packets for a pod, dropped on a host device that is not the pod's veth (as
+/// tun0 or a management port drops them when the switch behind it fails), count for that
+/// pod: the drop tracer reads the destination and finds the pod's address from the CNI cache.
+/// Drops there for an address no pod has stay with "other".
+fn drops_for_a_pod_on_a_host_device(agent_args: &[&str], subnet: u8) -> Result<()> {
+    require_root();
+    let host = Netns::new("dmtd")?;
+    let pod = Pod::new(&host, subnet)?;
+    let cache = TempDir::new("dmcache")?;
+    let sandbox = format!("/var/run/netns/{}", pod.ns.name);
+    let entry = serde_json::json!({
+        "kind": "cniCacheV1", "containerId": "c0ffee", "config": "", "ifName": "eth0",
+        "networkName": "openshift-sdn",
+        "cniArgs": [["K8S_POD_NAMESPACE", "openshift-apiserver"], ["K8S_POD_NAME", "apiserver-1"]],
+        "result": {"cniVersion": "0.3.1",
+                   "interfaces": [{"name": "eth0", "mac": "0a:58:0a:81:00:2b", "sandbox": sandbox}],
+                   "ips": [{"version": "4", "interface": 0, "address": format!("{}/30", pod.pod_ip)}]}
+    });
+    std::fs::write(cache.join("openshift-sdn-c0ffee-eth0"), entry.to_string())?;
+    let cache_dir = cache.display();
+    let mut args = vec!["--cni-cache-dir", cache_dir.as_str()];
+    args.extend_from_slice(agent_args);
+    let agent = Agent::start(&host, &args)?;
+    let labels = [("interface", pod.veth.as_str()), ("pod", "apiserver-1")];
+    agent.wait_metrics("the pod's series", |m| m.has("datapath_packets_total", &labels))?;
+
+    // The pod's address and one no pod has, routed through a host device of their own, where
+    // a rule drops every packet leaving by it (NETFILTER_DROP, with skb->dev that device).
+    let stranger = format!("10.78.{subnet}.3");
+    host.exec(&["ip", "link", "add", "dmhost0", "type", "veth", "peer", "name", "dmhost1"])?;
+    let peer_mac = datapath_monitor_tests::mac_of(&host, "dmhost1")?;
+    for dev in ["dmhost0", "dmhost1"] {
+        host.exec(&["ip", "link", "set", dev, "up"])?;
+    }
+    for ip in [pod.pod_ip.as_str(), stranger.as_str()] {
+        host.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", "dmhost0"])?;
+        host.exec(&["ip", "neigh", "replace", ip, "lladdr", &peer_mac, "dev", "dmhost0", "nud", "permanent"])?;
+    }
+    host.exec(&["iptables", "-t", "mangle", "-A", "POSTROUTING", "-o", "dmhost0", "-j", "DROP"])?;
+    let dropped = [("interface", pod.veth.as_str()), ("reason", "NETFILTER_DROP")];
+    // Wherever the agent puts drops it credits to no pod: "other", or dmhost0 if it watches it.
+    let netfilter = [("reason", "NETFILTER_DROP")];
+    let elsewhere =
+        |m: &Metrics| m.value("datapath_drops_total", &netfilter) - m.value("datapath_drops_total", &dropped);
+    let before_elsewhere = elsewhere(&agent.metrics()?);
+
+    // Sending fails with EPERM once the rule dropped the datagram: that is the drop.
+    let send = |to: &str, count: usize| {
+        let to = addr(to, 6100);
+        host.run(move || {
+            let socket = UdpSocket::bind("0.0.0.0:0").expect("bind");
+            (0..count).filter(|_| socket.send_to(&[0x5a; PAYLOAD], to).is_err()).count()
+        })
+    };
+    let refused = send(&pod.pod_ip, 40)?;
+    let stranger_refused = send(&stranger, 7)?;
+    let rule = host.exec(&["iptables", "-t", "mangle", "-L", "POSTROUTING", "-v", "-x", "-n"])?;
+    let matched: u64 = rule
+        .lines()
+        .find(|l| l.contains("dmhost0"))
+        .and_then(|l| l.split_whitespace().next())
+        .context("the DROP rule's counters")?
+        .parse()?;
+    agent.wait_metrics("drops credited to the pod", |m| m.value("datapath_drops_total", &dropped) >= 40.0)?;
+    settle();
+    let m = agent.metrics()?;
+    eprintln!(
+        "iptables matched {matched}; send refused {refused} + {stranger_refused}; agent: pod {}, elsewhere +{}",
+        m.value("datapath_drops_total", &dropped),
+        elsewhere(&m) - before_elsewhere
+    );
+    assert_eq!(matched, 47, "iptables' own count");
+    assert_eq!(m.value("datapath_drops_total", &dropped), 40.0, "{}", m.text);
+    assert_eq!(elsewhere(&m) - before_elsewhere, 7.0, "{}", m.text);
+    Ok(())
+}
+
 /// Packets matched so far by the INPUT rule on `dport`, from iptables' own counters.
 fn iptables_rule_packets(ns: &Netns, dport: &str) -> Result<u64> {
     let listing = ns.exec(&["iptables", "-L", "INPUT", "-v", "-x", "-n"])?;

@@ -22,6 +22,11 @@ pub struct DropTracerOffsets {
     pub dev_net: u32,
     /// `net.ns.inum`.
     pub net_inum: u32,
+    /// `sk_buff.head`, `sk_buff.network_header` and `sk_buff.protocol`: a dropped packet's
+    /// destination address, to credit drops on host devices to the pod they were meant for.
+    pub skb_head: u32,
+    pub skb_network_header: u32,
+    pub skb_protocol: u32,
 }
 
 /// Byte offsets the retransmit tracer follows from `struct sock *` (through its leading
@@ -112,6 +117,9 @@ impl KernelLayout {
             dev_ifindex: member_offset(&btf, "net_device", &["ifindex"])?,
             dev_net: member_offset(&btf, "net_device", &["nd_net", "net"])?,
             net_inum: member_offset(&btf, "net", &["ns", "inum"])?,
+            skb_head: member_offset(&btf, "sk_buff", &["head"])?,
+            skb_network_header: member_offset(&btf, "sk_buff", &["network_header"])?,
+            skb_protocol: member_offset(&btf, "sk_buff", &["protocol"])?,
         };
         let socket_offsets = SocketOffsets::resolve(&btf).map_err(|error| crate::errors::chain(&error));
         let mut drop_reasons = drop_reasons(&btf);
@@ -380,6 +388,10 @@ format:
         assert_eq!(layout.offsets.skb_dev, 16);
         assert!(layout.offsets.dev_ifindex > 0);
         assert!(layout.offsets.net_inum > 0);
+        // Inside the `headers` group: protocol, then the header offsets; head after the group.
+        let o = layout.offsets;
+        assert!(o.skb_dev < o.skb_protocol && o.skb_protocol < o.skb_network_header, "{o:?}");
+        assert!(o.skb_network_header < o.skb_head && o.skb_head.is_multiple_of(8), "{o:?}");
         assert_eq!(layout.drop_reasons.get(&2).map(String::as_str), Some("NOT_SPECIFIED"));
         assert!(layout.drop_reasons.values().any(|r| r == "NO_SOCKET"));
         assert!(layout.drop_reasons.values().any(|r| r == "NETFILTER_DROP"));

@@ -9,11 +9,15 @@
 
 pub mod kernel_layout;
 pub mod mounts;
+mod pod_addresses;
 pub mod probes;
 pub mod process_probe;
 mod tc;
 
-use std::{collections::BTreeMap, os::fd::OwnedFd};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    os::{fd::OwnedFd, unix::fs::MetadataExt},
+};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -22,19 +26,23 @@ use aya::{
     sys::{Stats, enable_stats},
 };
 use monitor_common::{
-    DROPS_MAP, DropKey, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_NET_INUM_OFFSET,
-    GLOBAL_NOT_SPECIFIED_REASON, GLOBAL_RETRANSMIT_HAS_ERR, GLOBAL_SK_DADDR_OFFSET, GLOBAL_SK_FAMILY_OFFSET,
-    GLOBAL_SK_NET_OFFSET, GLOBAL_SK_STATE_OFFSET, GLOBAL_SK_V6_DADDR_OFFSET, GLOBAL_SKB_CB_OFFSET,
-    GLOBAL_SKB_DEV_OFFSET, GLOBAL_TCP_CB_GSO_SEGS_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET,
+    DROPS_MAP, DropKey, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_HOST_NETNS,
+    GLOBAL_NET_INUM_OFFSET, GLOBAL_NOT_SPECIFIED_REASON, GLOBAL_RETRANSMIT_HAS_ERR, GLOBAL_SK_DADDR_OFFSET,
+    GLOBAL_SK_FAMILY_OFFSET, GLOBAL_SK_NET_OFFSET, GLOBAL_SK_STATE_OFFSET, GLOBAL_SK_V6_DADDR_OFFSET,
+    GLOBAL_SKB_CB_OFFSET, GLOBAL_SKB_DEV_OFFSET, GLOBAL_SKB_HEAD_OFFSET, GLOBAL_SKB_NETWORK_HEADER_OFFSET,
+    GLOBAL_SKB_PROTOCOL_OFFSET, GLOBAL_TCP_CB_GSO_SEGS_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET,
     INTERFACE_COUNTERS_MAP, INTERFACE_SLOTS_MAP, InterfaceCounters, InterfaceSlot, KFREE_SKB_BTF_PROGRAM,
-    KFREE_SKB_TRACEPOINT_PROGRAM, MAP_ERROR_SLOTS, MAP_ERRORS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM,
-    RETRANSMITS_MAP, RetransmitKey, TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM, TCP_RETRANSMIT_PROGRAM,
+    KFREE_SKB_TRACEPOINT_PROGRAM, MAP_ERROR_SLOTS, MAP_ERRORS_MAP, POD_ADDRESSES_MAP, POD_VETHS_MAP,
+    PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM, PodAddress, RETRANSMITS_MAP, RetransmitKey, TC_EGRESS_PROGRAM,
+    TC_INGRESS_PROGRAM, TCP_RETRANSMIT_PROGRAM,
 };
 use tracing::{debug, info, warn};
 
+pub use self::pod_addresses::pod_address;
 pub use self::probes::{AttachMode, DropTracerChoice, ProbeReport, TcAttachChoice};
 use self::{
     kernel_layout::{KernelLayout, read_kfree_skb_format},
+    pod_addresses::PodAddressMaps,
     probes::{
         DROP_PROBE, RETRANSMIT_PROBE, TC_PROBE, UPCALL_PROBE, attach_drop_tracer, attach_retransmit_tracer,
         attach_upcall_tracer,
@@ -126,6 +134,7 @@ pub struct Datapath {
     process_offsets: Result<ProcessTracerOffsets, String>,
     /// Keeps the kernel's run-time statistics on while the agent runs.
     stats: Option<OwnedFd>,
+    pod_addresses: PodAddressMaps,
 }
 
 impl Datapath {
@@ -154,6 +163,9 @@ impl Datapath {
         let sock = socket_offsets.as_ref().copied().unwrap_or_default();
         let retransmit_has_err = u32::from(sock.has_err);
 
+        // Devices of this netns other than pod veths credit drops to the destination pod.
+        let host_netns = std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |meta| meta.ino() as u32);
+
         let kernel_btf = aya::Btf::from_sys_fs();
         let mut loader = EbpfLoader::new();
         loader.btf(kernel_btf.as_ref().ok());
@@ -163,6 +175,10 @@ impl Datapath {
             .override_global(GLOBAL_DEV_IFINDEX_OFFSET, &offsets.dev_ifindex, true)
             .override_global(GLOBAL_DEV_NET_OFFSET, &offsets.dev_net, true)
             .override_global(GLOBAL_NET_INUM_OFFSET, &offsets.net_inum, true)
+            .override_global(GLOBAL_SKB_HEAD_OFFSET, &offsets.skb_head, true)
+            .override_global(GLOBAL_SKB_NETWORK_HEADER_OFFSET, &offsets.skb_network_header, true)
+            .override_global(GLOBAL_SKB_PROTOCOL_OFFSET, &offsets.skb_protocol, true)
+            .override_global(GLOBAL_HOST_NETNS, &host_netns, true)
             .override_global(GLOBAL_TP_SKBADDR_OFFSET, &tp_skbaddr, true)
             .override_global(GLOBAL_TP_REASON_OFFSET, &tp_reason, true)
             .override_global(GLOBAL_HAS_REASON, &has_reason, true)
@@ -227,6 +243,8 @@ impl Datapath {
         let drops = take_map(&mut ebpf, DROPS_MAP)?;
         let retransmits = take_map(&mut ebpf, RETRANSMITS_MAP)?;
         let map_errors = take_map(&mut ebpf, MAP_ERRORS_MAP)?;
+        let pod_addresses =
+            PodAddressMaps::new(take_map(&mut ebpf, POD_ADDRESSES_MAP)?, take_map(&mut ebpf, POD_VETHS_MAP)?);
         let nr_cpus = aya::util::nr_cpus().map_err(|(_, error)| DatapathError::Map {
             name: "nr_cpus",
             source: Box::new(MapError::SyscallError(aya::sys::SyscallError { call: "nr_cpus", io_error: error })),
@@ -250,6 +268,7 @@ impl Datapath {
             nr_cpus,
             process_offsets,
             stats,
+            pod_addresses,
         })
     }
 
@@ -294,6 +313,17 @@ impl Datapath {
     /// Drop counters by (netns, ifindex, reason), summed over CPUs.
     pub fn read_drops(&self) -> Vec<(DropKey, u64)> {
         read_summed(&self.drops, "drop")
+    }
+
+    /// Tells the drop tracer the watched pod veths and every pod address with its veth (see
+    /// `monitor_ebpf::drops`); only changes reach the kernel.
+    pub fn set_pods(&mut self, veths: HashSet<u32>, addresses: HashMap<PodAddress, u32>) {
+        self.pod_addresses.sync(veths, addresses);
+    }
+
+    /// Pod veths and addresses the kernel's maps refused (full), in total.
+    pub fn pod_address_failures(&self) -> u64 {
+        self.pod_addresses.failures
     }
 
     /// Removes retransmit entries that no longer belong to anyone, after their final read.

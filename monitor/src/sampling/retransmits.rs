@@ -11,9 +11,11 @@
 //! with the previous one (the counts a key had before its interface was watched stay with
 //! "other").
 
-use std::{collections::HashMap, net::IpAddr};
+use std::collections::HashMap;
 
-use monitor_common::{AF_INET, AF_INET6, RetransmitKey};
+use monitor_common::{PodAddress, RetransmitKey};
+
+use crate::datapath::pod_address;
 
 /// The current owners of retransmit keys: None means "other".
 #[derive(Debug, Default)]
@@ -31,19 +33,17 @@ impl RetransmitOwners {
 
     /// `ip` as the CNI cache has it, "10.128.0.5/23" or bare; unparsable ones are skipped.
     pub fn add_address(&mut self, ip: &str, host: u32) {
-        let Ok(address) = ip.split('/').next().unwrap_or_default().parse::<IpAddr>() else { return };
-        let mut bytes = [0u8; 16];
-        let family = match address {
-            IpAddr::V4(v4) => {
-                bytes[..4].copy_from_slice(&v4.octets());
-                AF_INET
-            }
-            IpAddr::V6(v6) => {
-                bytes = v6.octets();
-                AF_INET6
-            }
-        };
-        claim(&mut self.by_address, (family, bytes), host);
+        let Some(address) = pod_address(ip) else { return };
+        claim(&mut self.by_address, (address.family, address.addr), host);
+    }
+
+    /// The addresses exactly one watched pod claims, with its host ifindex: the drop tracer
+    /// credits drops on host devices by them too.
+    pub fn addresses(&self) -> HashMap<PodAddress, u32> {
+        self.by_address
+            .iter()
+            .filter_map(|(&(family, addr), host)| host.map(|host| (PodAddress { family, _pad: 0, addr }, host)))
+            .collect()
     }
 
     pub fn owner(&self, key: &RetransmitKey) -> Option<u32> {
@@ -106,6 +106,7 @@ impl RetransmitAttribution {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use monitor_common::AF_INET;
 
     fn key(netns: u32, ip: [u8; 4]) -> RetransmitKey {
         let mut daddr = [0; 16];

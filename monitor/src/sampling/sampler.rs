@@ -309,6 +309,19 @@ impl Sampler {
         self.retransmits.credit(kernel, &owners)
     }
 
+    /// Tells the drop tracer the watched pod veths and the pods' addresses, so that a packet
+    /// for a pod dropped on a host device (tun0, a management port) counts for the pod.
+    fn sync_pods(&mut self) {
+        let veths = self
+            .watched
+            .values()
+            .filter(|(link, mode, _)| mode.is_some() && link.is_pod_veth())
+            .map(|(link, _, _)| link.ifindex)
+            .collect();
+        let addresses = self.retransmit_owners().addresses();
+        self.datapath.set_pods(veths, addresses);
+    }
+
     fn set_owners(&mut self, link: &LinkFacts) {
         let host = link.ifindex;
         let mut keys = vec![(self.own_netns, host)];
@@ -409,7 +422,9 @@ impl Sampler {
                 }
             }
         }
-        let kernel = self.datapath.read();
+        self.sync_pods();
+        let mut kernel = self.datapath.read();
+        kernel.map_errors[monitor_common::MAP_ERROR_POD_ADDRESSES as usize] = self.datapath.pod_address_failures();
         self.report_map_errors(&kernel.map_errors);
         let retransmits = self.credit_retransmits(&kernel.retransmits);
 
@@ -472,6 +487,7 @@ pub fn map_error_name(slot: usize) -> Option<&'static str> {
         monitor_common::MAP_ERROR_FLOWS_INSERT => Some("flows"),
         monitor_common::MAP_ERROR_PROCESS_EVENTS => Some("process_events"),
         monitor_common::MAP_ERROR_RETRANSMITS => Some("retransmits"),
+        monitor_common::MAP_ERROR_POD_ADDRESSES => Some("pod_addresses"),
         _ => None,
     }
 }
