@@ -240,6 +240,19 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
         ),
         None => println!("outage: none seen by the prober"),
     }
+    // The other ground truth: the client pod's UDP stream to the apiserver pod (pod to pod),
+    // which can recover apart from the prober's node-to-pod path.
+    match &report.udp_loss {
+        Some(loss) => println!(
+            "client pod's UDP stream: {} of {} datagrams lost, sent {} → {} ({:.1} s)",
+            loss.lost,
+            report.udp_sent,
+            stamp(&loss.first_lost),
+            stamp(&loss.last_lost),
+            loss.seconds()
+        ),
+        None => println!("client pod's UDP stream: nothing lost ({} datagrams)", report.udp_sent),
+    }
 
     println!("\n=== What datapath-monitor recorded ===");
     print!("{}", agent.cli(&["incidents"])?);

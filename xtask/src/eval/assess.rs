@@ -157,6 +157,9 @@ pub struct Assessment {
     pub onset_error_udp: Option<f64>,
     /// Incident duration − (last − first lost datagram's send time) (s).
     pub duration_error_udp: Option<f64>,
+    /// Incident duration − the lab's outage on either path: from the first loss (failed probe
+    /// or lost datagram) to the later of the prober's recovery and the last lost datagram (s).
+    pub duration_error_either: Option<f64>,
     /// First seen − first loss (s).
     pub latency: Option<f64>,
     /// `lost_packets` of the matched incident (None: none matched or not reported).
@@ -220,8 +223,15 @@ pub fn assess(run: &RunRecord) -> Assessment {
         assessment.onset_error_udp = Some(seconds_between(loss.first_lost, incident.start));
         assessment.duration_error_udp = Some(incident.duration_seconds - loss.seconds());
     }
-    assessment.latency =
-        first_lost(run.outage.as_ref(), run.udp_loss.as_ref()).map(|lost| seconds_between(lost, seen.first_seen));
+    let first = first_lost(run.outage.as_ref(), run.udp_loss.as_ref());
+    let last = match (run.outage.as_ref().map(|o| o.recovered), run.udp_loss.as_ref().map(|u| u.last_lost)) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    if let (Some(first), Some(last)) = (first, last) {
+        assessment.duration_error_either = Some(incident.duration_seconds - seconds_between(first, last));
+    }
+    assessment.latency = first.map(|lost| seconds_between(lost, seen.first_seen));
     assessment.lost_reported = incident.lost_packets;
     assessment
 }
@@ -413,6 +423,8 @@ mod tests {
         assert!(close(a.duration_error_prober, 0.7));
         assert!(close(a.onset_error_udp, -0.2));
         assert!(close(a.duration_error_udp, 0.7));
+        // Either path: from the datagram lost at 41.2 to the prober's recovery at 49.5.
+        assert!(close(a.duration_error_either, 0.4));
         // First loss is the UDP datagram at 41.2, seen at 41.9.
         assert!(close(a.latency, 0.7));
         assert_eq!((a.lost_reported, a.lost_truth), (Some(150), 168));
