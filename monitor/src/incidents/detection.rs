@@ -30,6 +30,10 @@ pub(super) const SECOND_NS: u64 = 1_000_000_000;
 const TCP_SYN_TIMEOUT_NS: u64 = SECOND_NS;
 /// TCP's minimum retransmission timeout (`TCP_RTO_MIN`).
 const TCP_RTO_MIN_NS: u64 = 200_000_000;
+/// Packets queued for a neighbour that could not be resolved, dropped when resolution failed.
+const NEIGH_FAILED: &str = "NEIGH_FAILED";
+/// The kernel's default interval between neighbour solicitations (`retrans_time_ms`, 1000).
+const NEIGH_RETRANS_NS: u64 = SECOND_NS;
 /// Calm seconds a benign-class baseline needs before benign drops are judged.
 const BASELINE_MIN: usize = 5;
 /// The directions of an interface's counters, in their index order.
@@ -451,11 +455,19 @@ impl InterfaceState {
         // kernel's times for unanswered packets; the interval's midpoint (the least worst-case
         // error) for drops and for SYNs left unanswered; for a retransmit, that midpoint less the
         // least the sender waited before retransmitting (TCP's initial SYN timeout of 1 s, its
-        // 200 ms minimum RTO for data): the lost packet is the one it retransmits.
+        // 200 ms minimum RTO for data): the lost packet is the one it retransmits; likewise for
+        // a neighbour that failed (its queue is dropped a solicitation interval after the last
+        // solicitation went out).
         let mid = |from: u64, to: u64| from + (to - from) / 2;
         let mut times: Vec<(u64, u64)> = Vec::new();
-        if !lost.dropped.is_empty() {
+        if lost.dropped.keys().any(|reason| reason != NEIGH_FAILED) {
             let at = mid(prev_ns, now_ns);
+            times.push((at, at));
+        }
+        if lost.dropped.contains_key(NEIGH_FAILED) {
+            // Dropped when resolution gave up: the neighbour's last solicitation, sent
+            // `retrans_time` earlier, went unanswered; the queue may have waited past recovery.
+            let at = mid(prev_ns, now_ns).saturating_sub(NEIGH_RETRANS_NS);
             times.push((at, at));
         }
         if delta.syn > 0 {

@@ -477,8 +477,9 @@ fn each_evidence_opens_an_incident_when_it_should() {
             assert!(incident.totals.lost_packets > 0, "{what}: {incident:#?}");
             // Onset from the first evidence, within a sample interval (plus the 500 ms an
             // unanswered handshake waits); a retransmitted SYN tells of the SYN it repeats, sent
-            // TCP's initial timeout (1 s) earlier.
-            let lead = if what.starts_with("SYN retransmits") { 1.0 } else { 0.0 };
+            // TCP's initial timeout (1 s) earlier, a NEIGH_FAILED drop of the solicitation that
+            // went unanswered 1 s before it.
+            let lead = if what.starts_with("SYN retransmits") || what.starts_with("NEIGH_FAILED") { 1.0 } else { 0.0 };
             let onset = stamp(rates.from - lead).wall;
             let start: jiff::Timestamp = incident.start.parse().unwrap();
             let error = start.duration_since(onset).as_secs_f64();
