@@ -13,7 +13,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
-use datapath_monitor_tests::{Agent, Metrics, Netns, TempDir, mac_of, require_root, scaled, sh};
+use datapath_monitor_tests::{Agent, Metrics, Netns, TempDir, kernel_version, mac_of, require_root, scaled, sh};
 use dm_lab::{datapath, sys::OvsDirs};
 
 /// Whether openvswitch.ko is (or can be) loaded. In a test VM it must be.
@@ -168,6 +168,14 @@ fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Re
     let readyz = agent.get_json("/readyz")?;
     println!("probes: {}", readyz["probes"]);
     ensure!(readyz["probes"]["probes"]["ovs_upcall"] == "tracepoint", "upcall tracer not attached: {readyz}");
+    // OVS's own drop reasons exist from Linux 6.4: named from the module's BTF, else said why not.
+    let reasons = &readyz["probes"]["probes"]["ovs_drop_reasons"];
+    if kernel_version()? >= (6, 4) {
+        ensure!(reasons == "btf", "OVS drop reasons not named: {readyz}");
+    } else {
+        let why = readyz["probes"]["errors"]["ovs_drop_reasons"].as_str().unwrap_or_default();
+        ensure!(reasons.is_null() && why.contains("no drop reasons of its own"), "{readyz}");
+    }
 
     let lost_before = ovs.lost()?;
     const COUNT: usize = 50;

@@ -238,6 +238,25 @@ pub fn module_reason_names() -> BTreeMap<u32, String> {
     }
 }
 
+/// `SKB_DROP_REASON_SUBSYS_OPENVSWITCH`: OVS's own drop reasons are `3 << 16 | n`.
+const SUBSYS_OPENVSWITCH: u32 = 3;
+
+/// Whether OVS's own drops are named on this kernel ("btf": `enum ovs_drop_reason` from
+/// openvswitch.ko's BTF), else why not, as status and `/readyz` say it.
+pub fn ovs_drop_reasons(reasons: &BTreeMap<u32, String>) -> Result<&'static str, String> {
+    if reasons.keys().any(|reason| reason >> 16 == SUBSYS_OPENVSWITCH) {
+        return Ok("btf");
+    }
+    if Path::new(MODULES_BTF_DIR).join("openvswitch").exists() {
+        Err("openvswitch.ko on this kernel has no drop reasons of its own (enum ovs_drop_reason came with \
+             Linux 6.4): the datapath's drops are NOT_SPECIFIED or freed as consumed, unseen; failed upcalls \
+             are still named OVS_UPCALL_FAILED"
+            .into())
+    } else {
+        Err("openvswitch.ko is not loaded (looked for again every 10 s)".into())
+    }
+}
+
 /// A label for a drop reason no BTF named: a subsystem's (`reason >> 16`, the kernel's
 /// `SKB_DROP_REASON_SUBSYS_SHIFT`) gets the subsystem's name and its number in it, e.g.
 /// `OPENVSWITCH_1` when openvswitch.ko was loaded after the agent started.

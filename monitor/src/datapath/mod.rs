@@ -44,8 +44,8 @@ use self::{
     kernel_layout::{KernelLayout, read_kfree_skb_format},
     pod_addresses::PodAddressMaps,
     probes::{
-        DROP_PROBE, RETRANSMIT_PROBE, TC_PROBE, UPCALL_PROBE, attach_drop_tracer, attach_retransmit_tracer,
-        attach_upcall_tracer,
+        DROP_PROBE, OVS_REASONS_PROBE, RETRANSMIT_PROBE, TC_PROBE, UPCALL_PROBE, attach_drop_tracer,
+        attach_retransmit_tracer, attach_upcall_tracer,
     },
     process_probe::ProcessTracerOffsets,
     tc::AttachedInterface,
@@ -219,6 +219,7 @@ impl Datapath {
             Err(reason) => info!(%reason, "OVS upcall tracer not attached; retried while the agent runs"),
         }
         probes.record(UPCALL_PROBE, &upcall_tracer);
+        probes.record(OVS_REASONS_PROBE, &kernel_layout::ovs_drop_reasons(&drop_reasons));
         let drop_tracer = attach_drop_tracer(&mut ebpf, kernel_btf.as_ref(), options.drop_tracer);
         match &drop_tracer {
             Ok(variant) => info!(variant, "drop tracer attached"),
@@ -278,8 +279,8 @@ impl Datapath {
     }
 
     /// Attaches the OVS upcall tracer if it is not yet (openvswitch.ko loaded since the
-    /// last try); cheap when it is, or when the module is still absent. True when it was
-    /// attached just now.
+    /// last try), and then names the module's drop reasons; cheap when it is attached, or
+    /// when the module is still absent. True when it was attached just now.
     pub fn retry_upcall_tracer(&mut self) -> bool {
         if self.probes.probes.get(UPCALL_PROBE).is_some_and(Option::is_some) {
             return false;
@@ -290,6 +291,13 @@ impl Datapath {
             Err(reason) => debug!(%reason, "OVS upcall tracer still not attached"),
         }
         self.probes.record(UPCALL_PROBE, &result);
+        if result.is_ok() {
+            // openvswitch.ko appeared: its drop reasons get their names from its BTF.
+            for (value, name) in kernel_layout::module_reason_names() {
+                self.drop_reasons.entry(value).or_insert(name);
+            }
+            self.probes.record(OVS_REASONS_PROBE, &kernel_layout::ovs_drop_reasons(&self.drop_reasons));
+        }
         result.is_ok()
     }
 

@@ -36,6 +36,8 @@ pub const PROCESS_PROBE: &str = "sched_process";
 pub const RETRANSMIT_PROBE: &str = "tcp_retransmit";
 /// `openvswitch:ovs_dp_upcall`: names failed OVS upcalls (once openvswitch.ko is loaded).
 pub const UPCALL_PROBE: &str = "ovs_upcall";
+/// Not a program: whether OVS's own drop reasons have names on this kernel.
+pub const OVS_REASONS_PROBE: &str = "ovs_drop_reasons";
 const UPCALL_CATEGORY: &str = "openvswitch";
 const UPCALL_EVENT: &str = "ovs_dp_upcall";
 

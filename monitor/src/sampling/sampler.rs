@@ -417,8 +417,8 @@ impl Sampler {
             self.upcalls_tried = now;
             if self.datapath.retry_upcall_tracer() {
                 // openvswitch.ko appeared: its drop reasons get their names from its BTF.
-                for (value, name) in crate::datapath::kernel_layout::module_reason_names() {
-                    self.reason_names.entry(value).or_insert(name);
+                for (value, name) in self.datapath.drop_reason_names() {
+                    self.reason_names.entry(*value).or_insert_with(|| name.clone());
                 }
             }
         }
