@@ -26,39 +26,43 @@ impl PodAddressMaps {
     }
 
     /// Makes the kernel maps hold exactly `veths` and `addresses` (address → veth ifindex).
-    pub(super) fn sync(&mut self, veths: HashSet<u32>, addresses: HashMap<PodAddress, u32>) {
+    /// What the kernel refuses is not recorded as held, so it is tried again at the next sync.
+    pub(super) fn sync(&mut self, mut veths: HashSet<u32>, mut addresses: HashMap<PodAddress, u32>) {
         // Veths first: a new veth's own drops must never be credited elsewhere.
-        let mut failures = Vec::new();
+        let mut refused = Vec::new();
         for veth in veths.difference(&self.current_veths) {
             if let Err(error) = self.veths.insert(veth, 1, 0) {
-                failures.push(("pod veth", error));
+                refused.push((*veth, error));
             }
         }
         for veth in self.current_veths.difference(&veths) {
             let _ = self.veths.remove(veth);
         }
+        let mut refused_addresses = Vec::new();
         for (address, veth) in &addresses {
             if self.current_addresses.get(address) != Some(veth)
                 && let Err(error) = self.addresses.insert(address, veth, 0)
             {
-                failures.push(("pod address", error));
+                refused_addresses.push((*address, error));
             }
         }
         for address in self.current_addresses.keys().filter(|a| !addresses.contains_key(a)) {
             let _ = self.addresses.remove(address);
         }
-        // What failed is tried again at the next sync: it is not in the kernel.
-        self.current_veths = veths.into_iter().filter(|veth| self.veths.get(veth, 0).is_ok()).collect();
-        self.current_addresses = addresses
-            .into_iter()
-            .filter(|(address, veth)| self.addresses.get(address, 0).ok() == Some(*veth))
-            .collect();
-        for (what, error) in failures {
-            if self.failures == 0 {
-                debug!(%error, what, "pod map update failed");
-            }
-            self.failures += 1;
+        if self.failures == 0
+            && let Some(error) = refused.first().map(|(_, e)| e).or(refused_addresses.first().map(|(_, e)| e))
+        {
+            debug!(%error, "pod map update failed");
         }
+        self.failures += (refused.len() + refused_addresses.len()) as u64;
+        for (veth, _) in refused {
+            veths.remove(&veth);
+        }
+        for (address, _) in refused_addresses {
+            addresses.remove(&address);
+        }
+        self.current_veths = veths;
+        self.current_addresses = addresses;
     }
 }
 

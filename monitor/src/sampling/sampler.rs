@@ -309,17 +309,17 @@ impl Sampler {
         self.retransmits.credit(kernel, &owners)
     }
 
-    /// Tells the drop tracer the watched pod veths and the pods' addresses, so that a packet
-    /// for a pod dropped on a host device (tun0, a management port) counts for the pod.
-    fn sync_pods(&mut self) {
+    /// Tells the drop tracer the watched pod veths and the pods' addresses (as `owners` has
+    /// them), so that a packet for a pod dropped on a host device (tun0, a management port)
+    /// counts for the pod.
+    fn sync_pods(&mut self, owners: &RetransmitOwners) {
         let veths = self
             .watched
             .values()
             .filter(|(link, mode, _)| mode.is_some() && link.is_pod_veth())
             .map(|(link, _, _)| link.ifindex)
             .collect();
-        let addresses = self.retransmit_owners().addresses();
-        self.datapath.set_pods(veths, addresses);
+        self.datapath.set_pods(veths, owners.addresses());
     }
 
     fn set_owners(&mut self, link: &LinkFacts) {
@@ -422,11 +422,12 @@ impl Sampler {
                 }
             }
         }
-        self.sync_pods();
+        let owners = self.retransmit_owners();
+        self.sync_pods(&owners);
         let mut kernel = self.datapath.read();
         kernel.map_errors[monitor_common::MAP_ERROR_POD_ADDRESSES as usize] = self.datapath.pod_address_failures();
         self.report_map_errors(&kernel.map_errors);
-        let retransmits = self.credit_retransmits(&kernel.retransmits);
+        let retransmits = self.retransmits.credit(&kernel.retransmits, &owners);
 
         let mut interfaces = Vec::with_capacity(self.watched.len() + self.retired.len());
         for (link, mode, _) in self.watched.values() {
