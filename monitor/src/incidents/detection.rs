@@ -471,7 +471,7 @@ impl InterfaceState {
             times.push((at, at));
         }
         if delta.syn > 0 {
-            let at = mid(prev_ns, now_ns).saturating_sub(TCP_SYN_TIMEOUT_NS).max(prev_ns.saturating_sub(SECOND_NS));
+            let at = mid(prev_ns, now_ns).saturating_sub(TCP_SYN_TIMEOUT_NS);
             times.push((at, at));
         }
         if delta.data_retransmits > 0 {
