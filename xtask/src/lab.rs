@@ -211,6 +211,7 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
         "==> disrupt sdn-upgrade: TERM openshift-sdn (its trap removes the CNI config), restart ovs-vswitchd, new sdn ~9 s later"
     );
     let datapath_before = (lab.datapath == Datapath::Kernel).then(datapath::stats).transpose()?;
+    let agent_before = OvsCounts::parse(&agent.get("/metrics")?);
     let report = lab.disrupt(Scenario::SdnUpgrade)?;
     for (at, step) in &report.steps {
         println!("    {}  {step}", stamp(at));
@@ -280,26 +281,90 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
             || line.starts_with("datapath_cni_default_network_present")
             || line.starts_with("datapath_sdn_process_restarts_total{process=\"ovs-vswitchd\"")
             || line.starts_with("datapath_sdn_process_restarts_total{process=\"openshift-sdn-n\"")
-            || (line.starts_with("datapath_packets_total") && !apiserver.is_empty() && line.contains(&apiserver));
+            || ((line.starts_with("datapath_packets_total") || line.starts_with("datapath_drops_total"))
+                && !apiserver.is_empty()
+                && line.contains(&format!("interface=\"{apiserver}\"")));
         if key {
             println!("{line}");
         }
     }
 
     if let Some(before) = datapath_before {
-        // The kernel datapath's own counters, read by OVS's tool: what the switch lost itself.
+        // What the switch lost itself, twice: as the agent counted it, and as OVS's own tool reads
+        // the kernel datapath's counters. Both over the replay.
         let after = datapath::stats()?;
-        println!("\n=== The kernel datapath's own counters (ovs-dpctl show, during the replay) ===");
+        let agent = OvsCounts::parse(&metrics).since(&agent_before);
+        println!("\n=== OVS's kernel datapath during the replay: datapath-monitor next to ovs-dpctl show ===");
         println!(
-            "lookups: hit +{} missed +{} lost +{}; flows {} → {}",
+            "ovs-dpctl show:    lookups hit +{} missed +{} lost +{}; flows {} → {}",
             after.hit.saturating_sub(before.hit),
             after.missed.saturating_sub(before.missed),
             after.lost.saturating_sub(before.lost),
             before.flows,
             after.flows
         );
+        println!("datapath-monitor:  {}", agent.describe());
+        println!(
+            "failed upcalls:    datapath-monitor {} (OVS_UPCALL_FAILED), ovs-dpctl lost +{}",
+            agent.drops.get(UPCALL_FAILED).copied().unwrap_or_default(),
+            after.lost.saturating_sub(before.lost)
+        );
     }
     Ok(incidents.as_array().is_some_and(|all| !all.is_empty()))
+}
+
+/// The drop reason the agent gives a packet whose upcall to ovs-vswitchd failed: the
+/// counterpart of the datapath's `lost` counter.
+const UPCALL_FAILED: &str = "OVS_UPCALL_FAILED";
+
+/// The agent's counts of what OVS dropped itself: drops with an `OVS_` reason, summed over
+/// interfaces, and packets the datapath forwarded to no port.
+#[derive(Debug, Default, PartialEq)]
+struct OvsCounts {
+    drops: std::collections::BTreeMap<String, u64>,
+    unforwarded: u64,
+}
+
+impl OvsCounts {
+    /// From the agent's `/metrics` text.
+    fn parse(metrics: &str) -> Self {
+        let mut counts = Self::default();
+        for line in metrics.lines().filter(|line| !line.starts_with('#')) {
+            let Some((series, value)) = line.rsplit_once(' ') else { continue };
+            let Ok(value) = value.parse::<f64>() else { continue };
+            let value = value as u64;
+            if series.starts_with("datapath_switch_unforwarded_packets_total{") {
+                counts.unforwarded += value;
+            } else if series.starts_with("datapath_drops_total{")
+                && let Some(reason) = series.split("reason=\"").nth(1).and_then(|rest| rest.split('"').next())
+                && reason.starts_with("OVS_")
+            {
+                *counts.drops.entry(reason.to_string()).or_default() += value;
+            }
+        }
+        counts
+    }
+
+    /// What was counted after `before`.
+    fn since(&self, before: &Self) -> Self {
+        let drops = self
+            .drops
+            .iter()
+            .map(|(reason, count)| {
+                (reason.clone(), count.saturating_sub(before.drops.get(reason).copied().unwrap_or_default()))
+            })
+            .filter(|(_, count)| *count > 0)
+            .collect();
+        Self { drops, unforwarded: self.unforwarded.saturating_sub(before.unforwarded) }
+    }
+
+    fn describe(&self) -> String {
+        let mut parts: Vec<String> = self.drops.iter().map(|(reason, count)| format!("{reason} +{count}")).collect();
+        if parts.is_empty() {
+            parts.push("no OVS drops".to_string());
+        }
+        format!("{}; forwarded to no port +{}", parts.join(", "), self.unforwarded)
+    }
 }
 
 fn print_readiness(probes: &[Probe]) {
@@ -317,5 +382,36 @@ fn print_readiness(probes: &[Probe]) {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ovs_counts_sum_ovs_reasons_over_interfaces_and_subtract() {
+        let before = OvsCounts::parse(
+            r#"# HELP datapath_drops_total x
+datapath_drops_total{interface="veth1",reason="OVS_DROP_LAST_ACTION",pod_namespace="a",pod="b"} 4
+datapath_drops_total{interface="other",reason="NOT_SPECIFIED",pod_namespace="",pod=""} 9
+datapath_switch_unforwarded_packets_total{switch="ovs-system"} 2
+"#,
+        );
+        let after = OvsCounts::parse(
+            r#"datapath_drops_total{interface="veth1",reason="OVS_DROP_LAST_ACTION",pod_namespace="a",pod="b"} 10
+datapath_drops_total{interface="veth2",reason="OVS_DROP_LAST_ACTION",pod_namespace="c",pod="d"} 3
+datapath_drops_total{interface="veth2",reason="OVS_UPCALL_FAILED",pod_namespace="c",pod="d"} 1
+datapath_drops_total{interface="other",reason="NOT_SPECIFIED",pod_namespace="",pod=""} 30
+datapath_switch_unforwarded_packets_total{switch="ovs-system"} 7
+"#,
+        );
+        let replay = after.since(&before);
+        assert_eq!(replay.drops.get("OVS_DROP_LAST_ACTION"), Some(&9));
+        assert_eq!(replay.drops.get(UPCALL_FAILED), Some(&1));
+        assert_eq!(replay.drops.len(), 2, "NOT_SPECIFIED is not OVS's own");
+        assert_eq!(replay.unforwarded, 5);
+        assert_eq!(replay.describe(), "OVS_DROP_LAST_ACTION +9, OVS_UPCALL_FAILED +1; forwarded to no port +5");
+        assert_eq!(OvsCounts::default().describe(), "no OVS drops; forwarded to no port +0");
     }
 }
