@@ -87,7 +87,7 @@ pub struct RunArgs {
     /// How many lifecycle events the timeline keeps (oldest dropped first).
     #[arg(long, env = "DATAPATH_MONITOR_EVENT_CAPACITY")]
     pub event_capacity: Option<usize>,
-    /// Lost packets (dropped, retransmitted, unanswered) in one second above an interface's baseline that start a disruption.
+    /// Lost packets (dropped, retransmitted, unanswered) in one second above an interface's baseline that open an incident (while one is open, one packet joins it).
     #[arg(long, env = "DATAPATH_MONITOR_INCIDENT_FLOOR")]
     pub incident_floor: Option<u64>,
     /// How long a disruption must stay calm before it ends (hysteresis), in milliseconds.

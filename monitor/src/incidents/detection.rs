@@ -17,7 +17,9 @@
 //! packets, the middle of a sample interval for drops and unanswered SYNs, earlier by TCP's
 //! least timeout for retransmits). It goes on while samples stay above the baseline with the
 //! trailing second at least `floor / 2` over it, and ends `quiet` after the last such sample,
-//! at its latest evidence (the engine ends it, see [`super::engine`]). Both directions going quiet is idle:
+//! at its latest evidence (the engine ends it, see [`super::engine`]). While an incident is
+//! open, loss evidence one packet over the baseline is enough to start a disruption, which
+//! joins it, and to keep it going. Both directions going quiet is idle:
 //! [`Activity`] only tells the engine which interfaces fell silent during an incident.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -368,6 +370,8 @@ pub(super) struct Disruption {
     pub(super) end: Counters,
     /// Evidence of lost packets since it began.
     pub(super) lost: Evidence,
+    /// Started below `floor`, joining an open incident: goes on at that same bar.
+    joined: bool,
 }
 
 /// What detection knows of one watched interface.
@@ -412,7 +416,19 @@ impl InterfaceState {
     /// interval's evidence, updates the trailing second, the baselines and the activity of each
     /// direction, and goes on with, or starts, its disruption. Returns the onset of a
     /// disruption that starts now.
-    pub(super) fn observe(&mut self, series: &InterfaceSeries, now_ns: u64, config: &EngineConfig) -> Option<u64> {
+    ///
+    /// `joining`: an incident is open on the node. Then loss evidence one packet over this
+    /// interface's baseline starts a disruption (that joins the incident), not `floor`, and
+    /// that disruption goes on while each sample's loss keeps one packet over: the floor keeps
+    /// sporadic loss from opening an incident, but during one, a pod that loses a packet a
+    /// second (a readiness probe's SYNs) is part of it for as long as it does.
+    pub(super) fn observe(
+        &mut self,
+        series: &InterfaceSeries,
+        now_ns: u64,
+        config: &EngineConfig,
+        joining: bool,
+    ) -> Option<u64> {
         if now_ns <= self.last_ns {
             return None;
         }
@@ -538,13 +554,14 @@ impl InterfaceState {
         match &mut self.disruption {
             None => {
                 let by_loss = loss_excess >= floor;
+                let joined = joining && !by_loss && loss_excess >= 1.0;
                 let by_benign = benign_excess >= floor;
-                if by_loss || by_benign {
+                if by_loss || by_benign || joined {
                     // Onset: the earliest evidence of the class that crossed, in the trailing second.
                     let first = self
                         .window
                         .iter()
-                        .find(|t| (by_loss && t.loss > 0) || (by_benign && t.benign > 0))
+                        .find(|t| ((by_loss || joined) && t.loss > 0) || (by_benign && t.benign > 0))
                         .unwrap_or_else(|| self.window.back().expect("this sample is in the window"));
                     let start_ns = self
                         .window
@@ -564,6 +581,7 @@ impl InterfaceState {
                         start: first.before.clone(),
                         end: current.clone(),
                         lost: total,
+                        joined: joined && !by_benign,
                     });
                     started = Some(start_ns);
                 }
@@ -573,7 +591,8 @@ impl InterfaceState {
                 // Goes on while this sample is above the baseline and the trailing second
                 // still clearly is: benign traffic around its baseline lets it end.
                 let half = (floor / 2.0).max(1.0);
-                if (sample_loss_above && loss_excess >= half) || (benign_above && benign_excess >= half) {
+                let loss_bar = if disruption.joined { 1.0 } else { half };
+                if (sample_loss_above && loss_excess >= loss_bar) || (benign_above && benign_excess >= half) {
                     disruption.last_bad_ns = now_ns;
                     // A retransmit seen late may tell of a loss before the latest evidence.
                     disruption.last_evidence_ns = disruption.last_evidence_ns.max(last_evidence_ns.unwrap_or(now_ns));

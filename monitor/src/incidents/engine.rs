@@ -136,7 +136,7 @@ impl IncidentEngine {
                 }
                 Some(iface) => {
                     iface.is_pod_veth = s.is_pod_veth;
-                    if let Some(start_ns) = iface.observe(s, now_ns, &self.config) {
+                    if let Some(start_ns) = iface.observe(s, now_ns, &self.config, self.open.is_some()) {
                         started.push((iface.name.clone(), start_ns));
                     }
                 }

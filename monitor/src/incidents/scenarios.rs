@@ -593,6 +593,29 @@ fn interfaces_that_fall_silent_during_an_incident_are_listed_but_do_not_make_it(
 }
 
 #[test]
+fn a_pod_losing_a_packet_a_second_joins_an_open_incident_but_opens_none() {
+    // The seed on OVS's kernel datapath: the client's stream is dropped by the dozen a second;
+    // the apiserver pod loses only the node's readiness probes, one SYN a second, below the
+    // floor. During the incident that is enough: the pod the probes failed for is in it, with
+    // its lost probes.
+    let probe_drops = |from, to| Rates { drops: 1, reason: "OVS_DROP_LAST_ACTION", ..burst("veth0002", from, to, 0) };
+    let mut sim = Sim::new();
+    let client = Rates { drops: 20, reason: "OVS_DROP_LAST_ACTION", ..burst("veth0001", 10.0, 20.0, 0) };
+    sim.run(&["veth0001", "veth0002"], &[client, probe_drops(10.0, 20.0)], 0.0, 40.0);
+    let incidents = sim.engine.incidents();
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    let apiserver = incidents[0].interfaces.iter().find(|i| i.interface == "veth0002").expect("apiserver member");
+    assert_eq!(apiserver.drop_reasons.get("OVS_DROP_LAST_ACTION"), Some(&10), "{apiserver:#?}");
+    assert_eq!(apiserver.lost_packets, 10);
+    assert!((incidents[0].duration_seconds - 10.0).abs() <= 0.5, "{}", incidents[0].duration_seconds);
+
+    // The same probe loss alone is under the floor: no incident.
+    let mut sim = Sim::new();
+    sim.run(&["veth0001", "veth0002"], &[probe_drops(10.0, 20.0)], 0.0, 40.0);
+    assert!(sim.engine.incidents().is_empty(), "{:#?}", sim.engine.incidents());
+}
+
+#[test]
 fn a_loss_that_never_stops_is_closed_at_the_cap_and_becomes_the_baseline() {
     let config = EngineConfig { max_duration: Duration::from_secs(60), ..EngineConfig::default() };
     let mut sim = Sim::with(config);
