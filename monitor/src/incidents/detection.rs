@@ -18,8 +18,8 @@
 //! least timeout for retransmits). It goes on while samples stay above the baseline with the
 //! trailing second at least `floor / 2` over it, and ends `quiet` after the last such sample,
 //! at its latest evidence (the engine ends it, see [`super::engine`]). While an incident is
-//! open, loss evidence one packet over the baseline is enough to start a disruption, which
-//! joins it, and to keep it going. Both directions going quiet is idle:
+//! open, loss evidence one packet over the baseline is enough to start a disruption on a
+//! pod's veth, which joins it, and to keep it going. Both directions going quiet is idle:
 //! [`Activity`] only tells the engine which interfaces fell silent during an incident.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -417,11 +417,12 @@ impl InterfaceState {
     /// direction, and goes on with, or starts, its disruption. Returns the onset of a
     /// disruption that starts now.
     ///
-    /// `joining`: an incident is open on the node. Then loss evidence one packet over this
-    /// interface's baseline starts a disruption (that joins the incident), not `floor`, and
-    /// that disruption goes on while each sample's loss keeps one packet over: the floor keeps
-    /// sporadic loss from opening an incident, but during one, a pod that loses a packet a
-    /// second (a readiness probe's SYNs) is part of it for as long as it does.
+    /// `joining`: an incident is open on the node. Then on a pod's veth loss evidence one
+    /// packet over this interface's baseline starts a disruption (that joins the incident),
+    /// not `floor`, and that disruption goes on while each sample's loss keeps one packet
+    /// over: the floor keeps sporadic loss from opening an incident, but during one, a pod
+    /// that loses a packet a second (a readiness probe's SYNs) is part of it for as long as
+    /// it does. Other interfaces (tun0, a bridge) name no pod: they keep the floor.
     pub(super) fn observe(
         &mut self,
         series: &InterfaceSeries,
@@ -554,7 +555,7 @@ impl InterfaceState {
         match &mut self.disruption {
             None => {
                 let by_loss = loss_excess >= floor;
-                let joined = joining && !by_loss && loss_excess >= 1.0;
+                let joined = joining && self.is_pod_veth && !by_loss && loss_excess >= 1.0;
                 let by_benign = benign_excess >= floor;
                 if by_loss || by_benign || joined {
                     // Onset: the earliest evidence of the class that crossed, in the trailing second.
