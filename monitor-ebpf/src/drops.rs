@@ -21,7 +21,10 @@ use monitor_common::{
     PodAddress, UPCALL_FAILED_REASON,
 };
 
-use crate::{packets::count_map_error, upcalls::is_failed_upcall};
+use crate::{
+    packets::count_map_error,
+    upcalls::{UpcallPart, upcall_part},
+};
 
 /// `SKB_DROP_REASON_NOT_SPECIFIED` on this kernel (its value moved in 6.3).
 #[unsafe(no_mangle)]
@@ -91,11 +94,17 @@ pub fn kfree_skb_tp(ctx: TracePointContext) -> u32 {
 }
 
 fn record_drop(skb: *const u8, mut reason: u32) {
-    // The packet of an OVS upcall that just failed on this CPU: named by the failure.
-    if (reason == global(&NOT_SPECIFIED_REASON) || reason == DROP_REASON_UNKNOWN) && is_failed_upcall(skb) {
-        reason = UPCALL_FAILED_REASON;
+    let device = device_of(skb);
+    if reason == global(&NOT_SPECIFIED_REASON) || reason == DROP_REASON_UNKNOWN {
+        match upcall_part(skb, device.is_some() || protocol_of(skb) != 0) {
+            // The packet of an OVS upcall that just failed on this CPU: named by the failure.
+            UpcallPart::Packet => reason = UPCALL_FAILED_REASON,
+            // The upcall's refused netlink message: no packet; the packet's drop follows.
+            UpcallPart::Message => return,
+            UpcallPart::Neither => {}
+        }
     }
-    let (netns, ifindex) = device_of(skb).unwrap_or((0, 0));
+    let (netns, ifindex) = device.unwrap_or((0, 0));
     let key = match pod_destination(skb, netns, ifindex) {
         Some(veth) => DropKey { netns, ifindex: veth, reason, via: ifindex },
         None => DropKey { netns, ifindex, reason, via: 0 },
@@ -148,6 +157,12 @@ fn record_drop_on(key: DropKey) {
     if DROPS.insert(key, 1, 0).is_err() {
         count_map_error(MAP_ERROR_DROPS_FULL);
     }
+}
+
+/// skb->protocol (network byte order; 0 when unset, as in netlink messages).
+fn protocol_of(skb: *const u8) -> u16 {
+    // SAFETY: bpf_probe_read_kernel checks the address; the offset comes from the kernel's BTF.
+    unsafe { bpf_probe_read_kernel(skb.add(global(&SKB_PROTOCOL_OFFSET) as usize).cast()) }.unwrap_or(0)
 }
 
 /// (netns inode, ifindex) of skb->dev.

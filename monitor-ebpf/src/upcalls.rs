@@ -4,7 +4,9 @@
 //!
 //! When the upcall fails (no handler: `-ENOTCONN`; ovs-vswitchd gone: `-ECONNREFUSED`), the
 //! kernel frees the packet right away with `kfree_skb` (reason `NOT_SPECIFIED`), on the same
-//! CPU: the drop tracer records that drop as [`UPCALL_FAILED_REASON`] instead. An upcall that
+//! CPU: the drop tracer records that drop as [`UPCALL_FAILED_REASON`] instead. With
+//! `-ECONNREFUSED` the netlink message built for the upcall is freed first, also as
+//! `NOT_SPECIFIED` (no device, no protocol): the tracer counts it nowhere. An upcall that
 //! fails on a full queue (`-EAGAIN`) is freed with `consume_skb`, which no drop tracer sees;
 //! the datapath's `lost` counter (`ovs-dpctl show`) counts both. `ovs_dp_upcall` itself
 //! cannot be probed: it is inlined into its caller on the kernels tested.
@@ -50,16 +52,31 @@ pub fn ovs_upcall(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Whether `skb`, dropped now as `NOT_SPECIFIED`, is the packet of an upcall that just failed
-/// on this CPU (then the slot is cleared).
-pub(crate) fn is_failed_upcall(skb: *const u8) -> bool {
-    let Some(slot) = UPCALL_INFLIGHT.get_ptr_mut(0) else { return false };
+/// What a `NOT_SPECIFIED` drop is to the upcall that just went out on this CPU.
+pub(crate) enum UpcallPart {
+    /// The upcall's packet: the upcall failed (the slot is cleared).
+    Packet,
+    /// The netlink message built for the upcall, refused (ovs-vswitchd's socket is gone) and
+    /// freed by `netlink_unicast` before the packet itself is: no packet at all.
+    Message,
+    /// Unrelated.
+    Neither,
+}
+
+/// What `skb`, dropped now as `NOT_SPECIFIED`, is to this CPU's latest upcall. `packet_like`:
+/// it has a device or a protocol, which a netlink message never has.
+pub(crate) fn upcall_part(skb: *const u8, packet_like: bool) -> UpcallPart {
+    let Some(slot) = UPCALL_INFLIGHT.get_ptr_mut(0) else { return UpcallPart::Neither };
     // SAFETY: as above.
     let upcall = unsafe { &mut *slot };
-    if upcall.skb == 0 || upcall.skb != skb as u64 {
-        return false;
+    if upcall.skb == 0 {
+        return UpcallPart::Neither;
     }
-    upcall.skb = 0;
     // SAFETY: bpf_ktime_get_ns has no preconditions.
-    unsafe { bpf_ktime_get_ns() }.saturating_sub(upcall.at_ns) <= UPCALL_FAILURE_WINDOW_NS
+    let recent = unsafe { bpf_ktime_get_ns() }.saturating_sub(upcall.at_ns) <= UPCALL_FAILURE_WINDOW_NS;
+    if upcall.skb == skb as u64 {
+        upcall.skb = 0;
+        return if recent { UpcallPart::Packet } else { UpcallPart::Neither };
+    }
+    if recent && !packet_like { UpcallPart::Message } else { UpcallPart::Neither }
 }

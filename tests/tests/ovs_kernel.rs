@@ -108,6 +108,48 @@ impl Drop for Ovs<'_> {
     }
 }
 
+/// The kernel's own record of `events` (`group/name`), in a tracefs instance of its own (the
+/// agent's tracepoints are untouched): a count nobody here wrote. Removed on drop.
+struct KernelTrace {
+    dir: std::path::PathBuf,
+    events: Vec<&'static str>,
+}
+
+impl KernelTrace {
+    fn start(events: &[&'static str]) -> Result<Self> {
+        let dir = Path::new("/sys/kernel/tracing/instances").join(format!("dm-ovs-{}", std::process::id()));
+        fs::create_dir(&dir).with_context(|| format!("creating tracefs instance {}", dir.display()))?;
+        let trace = Self { dir, events: events.to_vec() };
+        fs::write(trace.dir.join("buffer_size_kb"), "8192")?;
+        for event in events {
+            fs::write(trace.dir.join("events").join(event).join("enable"), "1")
+                .with_context(|| format!("enabling {event}"))?;
+        }
+        Ok(trace)
+    }
+
+    /// Stops recording; the recorded lines.
+    fn stop(&self) -> Result<String> {
+        fs::write(self.dir.join("tracing_on"), "0")?;
+        Ok(fs::read_to_string(self.dir.join("trace"))?)
+    }
+}
+
+impl Drop for KernelTrace {
+    fn drop(&mut self) {
+        for event in &self.events {
+            let _ = fs::write(self.dir.join("events").join(event).join("enable"), "0");
+        }
+        let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+/// Lines of `trace` for event `event` (`kfree_skb`) that contain every one of `parts`.
+fn traced(trace: &str, event: &str, parts: &[&str]) -> usize {
+    let event = format!(" {event}: ");
+    trace.lines().filter(|line| line.contains(&event) && parts.iter().all(|part| line.contains(part))).count()
+}
+
 /// (reason, count) of `datapath_drops_total` on `interface`.
 fn drops_of<'m>(metrics: &'m Metrics, interface: &'m str) -> impl Iterator<Item = (&'m str, f64)> + 'm {
     metrics
@@ -177,6 +219,13 @@ fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Re
         ensure!(reasons.is_null() && why.contains("no drop reasons of its own"), "{readyz}");
     }
 
+    // The kernel's own tracepoints record the same second: every upcall, and every drop.
+    let trace = KernelTrace::start(&["openvswitch/ovs_dp_upcall", "skb/kfree_skb"])?;
+    // One sample period and more, so that the scrape below reflects a sample taken after the
+    // trace began: the agent's window lies inside the trace's.
+    thread::sleep(Duration::from_millis(600));
+    let other_before =
+        agent.metrics()?.value("datapath_drops_total", &[("interface", "other"), ("reason", "NOT_SPECIFIED")]);
     let lost_before = ovs.lost()?;
     const COUNT: usize = 50;
     a.run(|| -> Result<()> {
@@ -192,7 +241,11 @@ fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Re
     let metrics = agent.wait_metrics("the failed upcalls", |m| upcall_drops(m) >= COUNT as f64)?;
     thread::sleep(Duration::from_millis(500));
     let lost = ovs.lost()? - lost_before;
-    let counted = upcall_drops(&agent.metrics()?);
+    let after = agent.metrics()?;
+    let counted = upcall_drops(&after);
+    let other =
+        after.value("datapath_drops_total", &[("interface", "other"), ("reason", "NOT_SPECIFIED")]) - other_before;
+    let trace = trace.stop()?;
     let reasons: Vec<String> = drops_of(&metrics, &veth_a).map(|(reason, value)| format!("{reason}={value}")).collect();
     println!("ovs-dpctl lost +{lost}; the agent on {veth_a}: {reasons:?}");
     ensure!(lost == COUNT as u64, "ovs-dpctl counted {lost} lost upcalls, {COUNT} datagrams were sent");
@@ -200,6 +253,31 @@ fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Re
     // Each failed upcall once: none is left as a NOT_SPECIFIED drop of the same packets.
     let unnamed = metrics.value("datapath_drops_total", &[("interface", veth_a.as_str()), ("reason", "NOT_SPECIFIED")]);
     ensure!(unnamed == 0.0, "{unnamed} NOT_SPECIFIED drops on {veth_a} besides the failed upcalls");
+
+    // The independent count: the kernel's tracepoints. Each datagram went up as an upcall from
+    // veth_a, and the datapath freed each packet when its upcall failed.
+    let upcalls = traced(&trace, "ovs_dp_upcall", &[&format!("dev={veth_a} ")]);
+    let freed = traced(&trace, "kfree_skb", &["location=ovs_dp_process_packet"]);
+    // With ovs-vswitchd gone, its sockets are too: the netlink message built for each upcall
+    // is refused and freed (in netlink_unicast) before the packet is. That message is no packet.
+    let messages = traced(&trace, "kfree_skb", &["location=netlink_unicast"]);
+    let not_specified = traced(&trace, "kfree_skb", &["NOT_SPECIFIED"]);
+    println!(
+        "tracepoints: {upcalls} upcalls from {veth_a}, {freed} packets freed by ovs_dp_process_packet, \
+         {messages} netlink messages freed by netlink_unicast, {not_specified} NOT_SPECIFIED frees in all; \
+         the agent: {counted} failed upcalls, +{other} NOT_SPECIFIED on other"
+    );
+    ensure!(upcalls == COUNT, "the tracepoint saw {upcalls} upcalls from {veth_a}, {COUNT} datagrams were sent");
+    ensure!(freed == COUNT, "the kernel freed {freed} packets of failed upcalls, the agent counted {counted}");
+    // Every NOT_SPECIFIED free the agent put under "other" in its window (inside the trace's)
+    // is one the kernel traced, and neither the upcalls' packets (counted on veth_a) nor their
+    // refused messages are among them.
+    let bound = not_specified.saturating_sub(freed + messages);
+    ensure!(
+        other <= bound as f64,
+        "the agent counted {other} NOT_SPECIFIED drops on other; the kernel traced {not_specified}, of which \
+         {freed} packets of failed upcalls and {messages} refused upcall messages: at most {bound} are other drops"
+    );
     drop(agent);
     drop(ovs);
     Ok(())
