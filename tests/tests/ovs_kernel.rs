@@ -109,10 +109,41 @@ impl Drop for Ovs<'_> {
 }
 
 /// The kernel's own record of `events` (`group/name`), in a tracefs instance of its own (the
-/// agent's tracepoints are untouched): a count nobody here wrote. Removed on drop.
+/// agent's tracepoints are untouched): a count nobody here wrote. `skb/kfree_skb` is also
+/// counted by the function it was called from, in a histogram keyed by `location.sym` (its
+/// trace lines name the caller only from Linux 6.2; 6.1 prints a hashed pointer). Removed on
+/// drop.
 struct KernelTrace {
     dir: std::path::PathBuf,
     events: Vec<&'static str>,
+}
+
+const FREES: &str = "skb/kfree_skb";
+const BY_CALLER: &str = "hist:keys=location.sym";
+
+/// What a [`KernelTrace`] recorded.
+struct Traced {
+    lines: String,
+    /// `skb/kfree_skb`'s histogram by calling function.
+    frees_by_caller: String,
+}
+
+impl Traced {
+    /// Lines for event `event` (`kfree_skb`) that contain every one of `parts`.
+    fn lines(&self, event: &str, parts: &[&str]) -> usize {
+        let event = format!(" {event}: ");
+        self.lines.lines().filter(|line| line.contains(&event) && parts.iter().all(|part| line.contains(part))).count()
+    }
+
+    /// `kfree_skb` calls made from `function` (`{ location: [addr] function... } hitcount: N`).
+    fn frees_from(&self, function: &str) -> u64 {
+        let symbol = format!("] {function}");
+        self.frees_by_caller
+            .lines()
+            .filter(|line| line.contains(&symbol))
+            .filter_map(|line| line.split("hitcount:").nth(1)?.trim().parse::<u64>().ok())
+            .sum()
+    }
 }
 
 impl KernelTrace {
@@ -122,32 +153,34 @@ impl KernelTrace {
         let trace = Self { dir, events: events.to_vec() };
         fs::write(trace.dir.join("buffer_size_kb"), "8192")?;
         for event in events {
-            fs::write(trace.dir.join("events").join(event).join("enable"), "1")
-                .with_context(|| format!("enabling {event}"))?;
+            let event_dir = trace.dir.join("events").join(event);
+            if *event == FREES {
+                fs::write(event_dir.join("trigger"), BY_CALLER).context("a histogram trigger on skb/kfree_skb")?;
+            }
+            fs::write(event_dir.join("enable"), "1").with_context(|| format!("enabling {event}"))?;
         }
         Ok(trace)
     }
 
-    /// Stops recording; the recorded lines.
-    fn stop(&self) -> Result<String> {
+    /// Stops recording; what was recorded.
+    fn stop(&self) -> Result<Traced> {
         fs::write(self.dir.join("tracing_on"), "0")?;
-        Ok(fs::read_to_string(self.dir.join("trace"))?)
+        let frees_by_caller = fs::read_to_string(self.dir.join("events").join(FREES).join("hist")).unwrap_or_default();
+        Ok(Traced { lines: fs::read_to_string(self.dir.join("trace"))?, frees_by_caller })
     }
 }
 
 impl Drop for KernelTrace {
     fn drop(&mut self) {
         for event in &self.events {
-            let _ = fs::write(self.dir.join("events").join(event).join("enable"), "0");
+            let event_dir = self.dir.join("events").join(event);
+            let _ = fs::write(event_dir.join("enable"), "0");
+            if *event == FREES {
+                let _ = fs::write(event_dir.join("trigger"), format!("!{BY_CALLER}"));
+            }
         }
         let _ = fs::remove_dir(&self.dir);
     }
-}
-
-/// Lines of `trace` for event `event` (`kfree_skb`) that contain every one of `parts`.
-fn traced(trace: &str, event: &str, parts: &[&str]) -> usize {
-    let event = format!(" {event}: ");
-    trace.lines().filter(|line| line.contains(&event) && parts.iter().all(|part| line.contains(part))).count()
 }
 
 /// (reason, count) of `datapath_drops_total` on `interface`.
@@ -220,7 +253,7 @@ fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Re
     }
 
     // The kernel's own tracepoints record the same second: every upcall, and every drop.
-    let trace = KernelTrace::start(&["openvswitch/ovs_dp_upcall", "skb/kfree_skb"])?;
+    let trace = KernelTrace::start(&["openvswitch/ovs_dp_upcall", FREES])?;
     // One sample period and more, so that the scrape below reflects a sample taken after the
     // trace began: the agent's window lies inside the trace's.
     thread::sleep(Duration::from_millis(600));
@@ -256,12 +289,12 @@ fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Re
 
     // The independent count: the kernel's tracepoints. Each datagram went up as an upcall from
     // veth_a, and the datapath freed each packet when its upcall failed.
-    let upcalls = traced(&trace, "ovs_dp_upcall", &[&format!("dev={veth_a} ")]);
-    let freed = traced(&trace, "kfree_skb", &["location=ovs_dp_process_packet"]);
+    let upcalls = trace.lines("ovs_dp_upcall", &[&format!("dev={veth_a} ")]);
+    let freed = trace.frees_from("ovs_dp_process_packet") as usize;
     // With ovs-vswitchd gone, its sockets are too: the netlink message built for each upcall
     // is refused and freed (in netlink_unicast) before the packet is. That message is no packet.
-    let messages = traced(&trace, "kfree_skb", &["location=netlink_unicast"]);
-    let not_specified = traced(&trace, "kfree_skb", &["NOT_SPECIFIED"]);
+    let messages = trace.frees_from("netlink_unicast") as usize;
+    let not_specified = trace.lines("kfree_skb", &["NOT_SPECIFIED"]);
     println!(
         "tracepoints: {upcalls} upcalls from {veth_a}, {freed} packets freed by ovs_dp_process_packet, \
          {messages} netlink messages freed by netlink_unicast, {not_specified} NOT_SPECIFIED frees in all; \
