@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, ensure};
-use datapath_monitor_tests::{Agent, LifecycleEvent, Netns, require_root, scaled};
+use datapath_monitor_tests::{Agent, LifecycleEvent, Netns, kernel_version, require_root, scaled};
 use dm_lab::{Datapath, Lab, NODE_NETNS, Scenario, ScenarioReport};
 use serde_json::Value;
 
@@ -118,9 +118,18 @@ fn sdn_upgrade_is_one_incident_with_both_causes_on_the_apiserver_pod() -> Result
         .with_context(|| format!("apiserver veth {} named {} not in {incident:#}", apiserver.veth, apiserver.pod))?;
     // Not only silent: the node's probes to it were lost (on the userspace datapath the node's
     // neighbour queue for its address is dropped, NEIGH_FAILED on tun0; on the kernel datapath
-    // OVS drops the probes' SYNs from tun0), and those drops count for the pod.
+    // OVS drops the probes' SYNs from tun0), and those drops count for the pod. Before Linux
+    // 6.4 OVS frees a packet its flow drops as consumed, with no kfree_skb: nothing names the
+    // pod's loss there, and it is listed as silent only (README, the OVS table).
     let lost = member["lost_packets"].as_u64().unwrap_or_default();
-    ensure!(lost > 0, "the apiserver pod is in the incident with no lost packets: {member:#}");
+    let ovs_drops_seen = datapath()? == Datapath::Userspace || kernel_version()? >= (6, 4);
+    if ovs_drops_seen {
+        ensure!(lost > 0, "the apiserver pod is in the incident with no lost packets: {member:#}");
+    } else {
+        println!(
+            "OVS drops no kfree_skb on this kernel: the apiserver pod is in the incident with {lost} lost packets"
+        );
+    }
     let outage = run.report.outage.as_ref().context("the prober saw no outage")?;
     let duration = incident["duration_seconds"].as_f64().context("duration")?;
     ensure!((duration - outage.seconds).abs() <= 2.0, "incident {duration} s vs prober outage {} s", outage.seconds);
