@@ -463,6 +463,18 @@ mod netns_tests {
         changed(next_event_of(events, name).await, name)
     }
 
+    /// The Changed event that reports `name` up (or down), skipping late Changed events that
+    /// still report the previous state: linkwatch's operstate event for the step before can
+    /// arrive after this step (seen in the 6.1 guest: an "up" event after "link set down").
+    async fn changed_to(events: &mut mpsc::Receiver<LinkEvent>, name: &str, up: bool) -> LinkFacts {
+        loop {
+            let link = changed(next_event_of(events, name).await, name);
+            if link.up == up {
+                return link;
+            }
+        }
+    }
+
     /// The next event, skipping late Changed events of links other than `name`.
     async fn next_event_of(events: &mut mpsc::Receiver<LinkEvent>, name: &str) -> LinkEvent {
         let mut event = next_event(events).await;
@@ -551,9 +563,9 @@ mod netns_tests {
             assert_ne!(peer.netnsid, first.peer.as_ref().and_then(|peer| peer.netnsid));
 
             ip(&["-n", &host, "link", "set", "vethbbbb0002", "up"]);
-            assert!(changed(next_event(&mut events).await, "vethbbbb0002").up);
+            assert!(changed_to(&mut events, "vethbbbb0002", true).await.up);
             ip(&["-n", &host, "link", "set", "vethbbbb0002", "down"]);
-            assert!(!changed(next_event(&mut events).await, "vethbbbb0002").up);
+            assert!(!changed_to(&mut events, "vethbbbb0002", false).await.up);
             ip(&["-n", &host, "link", "del", "vethbbbb0002"]);
             assert_eq!(
                 next_event(&mut events).await,
