@@ -2,7 +2,7 @@
 //! box (crate `datapath-monitor-lab`) and the agent watching it.
 
 use std::{
-    fs::File,
+    fs::{self, File},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
@@ -95,8 +95,8 @@ pub(crate) struct LabAgent {
 }
 
 impl LabAgent {
-    pub(crate) fn start(binary: &Path, lab: &Lab, log: &Path) -> anyhow::Result<Self> {
-        let log = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    pub(crate) fn start(binary: &Path, lab: &Lab, log_path: &Path) -> anyhow::Result<Self> {
+        let log = File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
         let child = Command::new("ip")
             .args(["netns", "exec", NODE_NETNS])
             .arg(binary)
@@ -107,11 +107,22 @@ impl LabAgent {
             .stderr(log)
             .spawn()
             .context("starting the agent in the lab")?;
-        let agent = Self { child, binary: binary.to_path_buf() };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut agent = Self { child, binary: binary.to_path_buf() };
+        // In a test VM (software emulation) the debug agent's start-up has taken over 30 s.
+        let deadline = Instant::now() + Duration::from_secs(60);
         while agent.get("/readyz").is_err() {
-            ensure!(Instant::now() < deadline, "the agent did not become ready within 30 s");
-            thread::sleep(Duration::from_millis(200));
+            let failure = match agent.child.try_wait()? {
+                Some(status) => format!("the agent exited ({status}) before it became ready"),
+                None if Instant::now() >= deadline => "the agent did not become ready within 60 s".to_string(),
+                None => {
+                    thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+            };
+            let text = fs::read_to_string(log_path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+            bail!("{failure}; the last lines of {}:\n{tail}", log_path.display());
         }
         Ok(agent)
     }
@@ -303,9 +314,12 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
             before.flows,
             after.flows
         );
-        println!("datapath-monitor:  {}", agent.describe());
+        println!("datapath-monitor:  {} (the same counters, read over netlink)", agent.describe_lookups());
+        println!("                   {}", agent.describe());
         println!(
-            "failed upcalls:    datapath-monitor {} (OVS_UPCALL_FAILED), ovs-dpctl lost +{}",
+            "failed upcalls:    datapath-monitor lost +{} (the datapath's counter), {} named per input port \
+             (OVS_UPCALL_FAILED: freed as drops); ovs-dpctl lost +{}",
+            agent.lookups.get("lost").copied().unwrap_or_default(),
             agent.drops.get(UPCALL_FAILED).copied().unwrap_or_default(),
             after.lost.saturating_sub(before.lost)
         );
@@ -318,11 +332,13 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
 const UPCALL_FAILED: &str = "OVS_UPCALL_FAILED";
 
 /// The agent's counts of what OVS dropped itself: drops with an `OVS_` reason, summed over
-/// interfaces, and packets the datapath forwarded to no port.
+/// interfaces, packets the datapath forwarded to no port, and the datapaths' own lookup
+/// counters (hit, missed, lost) summed over datapaths.
 #[derive(Debug, Default, PartialEq)]
 struct OvsCounts {
     drops: std::collections::BTreeMap<String, u64>,
     unforwarded: u64,
+    lookups: std::collections::BTreeMap<String, u64>,
 }
 
 impl OvsCounts {
@@ -335,8 +351,12 @@ impl OvsCounts {
             let value = value as u64;
             if series.starts_with("datapath_switch_unforwarded_packets_total{") {
                 counts.unforwarded += value;
+            } else if series.starts_with("datapath_ovs_lookups_total{")
+                && let Some(result) = label(series, "result")
+            {
+                *counts.lookups.entry(result.to_string()).or_default() += value;
             } else if series.starts_with("datapath_drops_total{")
-                && let Some(reason) = series.split("reason=\"").nth(1).and_then(|rest| rest.split('"').next())
+                && let Some(reason) = label(series, "reason")
                 && reason.starts_with("OVS_")
             {
                 *counts.drops.entry(reason.to_string()).or_default() += value;
@@ -347,15 +367,26 @@ impl OvsCounts {
 
     /// What was counted after `before`.
     fn since(&self, before: &Self) -> Self {
-        let drops = self
-            .drops
-            .iter()
-            .map(|(reason, count)| {
-                (reason.clone(), count.saturating_sub(before.drops.get(reason).copied().unwrap_or_default()))
-            })
-            .filter(|(_, count)| *count > 0)
-            .collect();
-        Self { drops, unforwarded: self.unforwarded.saturating_sub(before.unforwarded) }
+        let minus = |now: &std::collections::BTreeMap<String, u64>, then: &std::collections::BTreeMap<String, u64>| {
+            now.iter()
+                .map(|(key, count)| (key.clone(), count.saturating_sub(then.get(key).copied().unwrap_or_default())))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let mut drops = minus(&self.drops, &before.drops);
+        drops.retain(|_, count| *count > 0);
+        Self {
+            drops,
+            unforwarded: self.unforwarded.saturating_sub(before.unforwarded),
+            lookups: minus(&self.lookups, &before.lookups),
+        }
+    }
+
+    fn describe_lookups(&self) -> String {
+        if self.lookups.is_empty() {
+            return "no datapath counters (datapath_ovs_lookups_total)".to_string();
+        }
+        let count = |result: &str| self.lookups.get(result).copied().unwrap_or_default();
+        format!("lookups hit +{} missed +{} lost +{}", count("hit"), count("missed"), count("lost"))
     }
 
     fn describe(&self) -> String {
@@ -365,6 +396,11 @@ impl OvsCounts {
         }
         format!("{}; forwarded to no port +{}", parts.join(", "), self.unforwarded)
     }
+}
+
+/// The value of label `name` in a series like `family{a="x",name="y"}`.
+fn label<'s>(series: &'s str, name: &str) -> Option<&'s str> {
+    series.split(&format!("{name}=\"")).nth(1).and_then(|rest| rest.split('"').next())
 }
 
 fn print_readiness(probes: &[Probe]) {
@@ -404,6 +440,9 @@ datapath_drops_total{interface="veth2",reason="OVS_DROP_LAST_ACTION",pod_namespa
 datapath_drops_total{interface="veth2",reason="OVS_UPCALL_FAILED",pod_namespace="c",pod="d"} 1
 datapath_drops_total{interface="other",reason="NOT_SPECIFIED",pod_namespace="",pod=""} 30
 datapath_switch_unforwarded_packets_total{switch="ovs-system"} 7
+datapath_ovs_lookups_total{datapath="ovs-system",result="hit"} 990
+datapath_ovs_lookups_total{datapath="ovs-system",result="missed"} 40
+datapath_ovs_lookups_total{datapath="ovs-system",result="lost"} 1
 "#,
         );
         let replay = after.since(&before);
@@ -413,5 +452,7 @@ datapath_switch_unforwarded_packets_total{switch="ovs-system"} 7
         assert_eq!(replay.unforwarded, 5);
         assert_eq!(replay.describe(), "OVS_DROP_LAST_ACTION +9, OVS_UPCALL_FAILED +1; forwarded to no port +5");
         assert_eq!(OvsCounts::default().describe(), "no OVS drops; forwarded to no port +0");
+        assert_eq!(replay.describe_lookups(), "lookups hit +990 missed +40 lost +1");
+        assert_eq!(before.describe_lookups(), "no datapath counters (datapath_ovs_lookups_total)");
     }
 }

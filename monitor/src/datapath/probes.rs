@@ -82,7 +82,7 @@ pub struct ProbeReport {
 
 impl ProbeReport {
     /// Records an attach attempt of `probe`: the variant in use, or unsupported and why.
-    pub(super) fn record(&mut self, probe: &'static str, result: &Result<&'static str, String>) {
+    pub fn record(&mut self, probe: &'static str, result: &Result<&'static str, String>) {
         match result {
             Ok(variant) => {
                 self.probes.insert(probe, Some(variant.to_string()));

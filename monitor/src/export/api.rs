@@ -87,7 +87,7 @@ struct Readiness {
 async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
     let ready = state.ready.load(Ordering::Acquire);
     let (interfaces_attached, probes) = match state.sampler.lock() {
-        Ok(sampler) => (sampler.attached_count(), sampler.probes().clone()),
+        Ok(sampler) => (sampler.attached_count(), sampler.probes()),
         Err(_) => return (StatusCode::INTERNAL_SERVER_ERROR, "sampler poisoned\n").into_response(),
     };
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };

@@ -230,6 +230,27 @@ impl Collector for SampleCollector {
                 (labels, s.drops.values().sum::<u64>())
             }),
         )?;
+        counter(
+            &mut encoder,
+            "datapath_ovs_lookups",
+            "OVS kernel datapath flow-table lookups, as the datapath counts them (ovs-dpctl show): hit a flow, \
+             missed (an upcall to ovs-vswitchd), lost (an upcall that failed, whether the packet was freed as a drop or not).",
+            sample.ovs_datapaths.iter().flat_map(|dp| {
+                [("hit", dp.hit), ("missed", dp.missed), ("lost", dp.lost)].map(|(result, count)| {
+                    let labels: Labels = vec![("datapath", dp.name.as_str()), ("result", result)];
+                    (labels, count)
+                })
+            }),
+        )?;
+        gauge(
+            &mut encoder,
+            "datapath_ovs_flows",
+            "Flows in each OVS kernel datapath's flow table.",
+            sample
+                .ovs_datapaths
+                .iter()
+                .map(|dp| (vec![("datapath", dp.name.as_str())], i64::try_from(dp.flows).unwrap_or(i64::MAX))),
+        )?;
         gauge(
             &mut encoder,
             "datapath_interfaces_attached",
@@ -408,7 +429,10 @@ mod tests {
     use super::*;
     use crate::{
         datapath::{ProbeReport, ProgramRunStats},
-        sampling::sampler::{InterfaceSeries, Sample},
+        sampling::{
+            ovs_datapaths::OvsDatapathStats,
+            sampler::{InterfaceSeries, Sample},
+        },
     };
 
     #[test]
@@ -445,6 +469,13 @@ mod tests {
             },
             programs: vec![ProgramRunStats { program: "tc_ingress", runs: 10, run_nanos: 1_500 }],
             attached: 1,
+            ovs_datapaths: vec![OvsDatapathStats {
+                name: "ovs-system".into(),
+                hit: 980,
+                missed: 35,
+                lost: 1,
+                flows: 7,
+            }],
             ..Sample::default()
         };
         let latest = Arc::new(LatestSample::default());
@@ -469,6 +500,10 @@ mod tests {
             r#"datapath_bpf_program_run_seconds_total{program="tc_ingress"} 0.0000015"#,
             r#"datapath_bpf_map_update_errors_total{map="drops"} 0"#,
             r#"datapath_bpf_map_update_errors_total{map="retransmits"} 0"#,
+            r#"datapath_ovs_lookups_total{datapath="ovs-system",result="hit"} 980"#,
+            r#"datapath_ovs_lookups_total{datapath="ovs-system",result="missed"} 35"#,
+            r#"datapath_ovs_lookups_total{datapath="ovs-system",result="lost"} 1"#,
+            r#"datapath_ovs_flows{datapath="ovs-system"} 7"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }

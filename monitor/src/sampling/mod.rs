@@ -1,12 +1,14 @@
 //! Which interfaces are watched, and what the kernel counted on each of them: the include
 //! and exclude globs ([`filter`]), the links of this network namespace as netlink reports
 //! them ([`links`], [`link_watch`]), the network namespaces of pod veth peers ([`netns`]),
-//! and the per-interface view of the kernel's counters ([`sampler`]).
+//! the per-interface view of the kernel's counters ([`sampler`]), and OVS kernel datapaths'
+//! own counters ([`ovs_datapaths`]).
 
 pub mod filter;
 pub mod link_watch;
 pub mod links;
 pub mod netns;
+pub mod ovs_datapaths;
 mod retransmits;
 pub mod sampler;
 pub mod switches;

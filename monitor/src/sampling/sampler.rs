@@ -18,6 +18,7 @@ use crate::{
     errors,
     sampling::{
         LinkEvent, LinkFacts,
+        ovs_datapaths::{OvsDatapathStats, OvsDatapaths, OvsDatapathsState},
         retransmits::{RetransmitAttribution, RetransmitOwners, RetransmitTotals},
         switches::{Switches, link_name},
     },
@@ -61,6 +62,9 @@ pub struct Sample {
     pub map_errors: [u64; MAP_ERROR_SLOTS as usize],
     pub attached: usize,
     pub probes: ProbeReport,
+    /// OVS kernel datapaths' own counters (`ovs-dpctl show`); whether they could be read is
+    /// the probe [`OVS_DP_STATS_PROBE`].
+    pub ovs_datapaths: Vec<OvsDatapathStats>,
 }
 
 /// The latest sample: published by the sampling loop, read by every scrape.
@@ -154,7 +158,11 @@ pub struct Sampler {
     switches: Switches,
     /// When the OVS upcall tracer was last tried (it waits for openvswitch.ko).
     upcalls_tried: Instant,
+    ovs_datapaths: OvsDatapaths,
 }
+
+/// The probe name under which the OVS datapaths' own counters are reported.
+pub const OVS_DP_STATS_PROBE: &str = "ovs_dp_stats";
 
 /// How often the OVS upcall tracer is tried again while openvswitch.ko is absent.
 const UPCALL_RETRY: Duration = Duration::from_secs(10);
@@ -177,6 +185,7 @@ impl Sampler {
             pod_cache: Mutex::new(HashMap::new()),
             switches: Switches::default(),
             upcalls_tried: Instant::now(),
+            ovs_datapaths: OvsDatapaths::default(),
         }
     }
 
@@ -234,8 +243,19 @@ impl Sampler {
         self.datapath.attached_count()
     }
 
-    pub fn probes(&self) -> &ProbeReport {
-        self.datapath.probes()
+    /// The kernel programs' probes, and the OVS datapath counters as probe
+    /// [`OVS_DP_STATS_PROBE`] (read over netlink, or why not).
+    pub fn probes(&self) -> ProbeReport {
+        let mut report = self.datapath.probes().clone();
+        let result = match &self.ovs_datapaths.state {
+            OvsDatapathsState::Read => Ok("netlink"),
+            OvsDatapathsState::NoModule => {
+                Err("openvswitch.ko is not loaded (looked for again every 10 s)".to_string())
+            }
+            OvsDatapathsState::Failed(error) => Err(format!("reading over netlink failed: {error}")),
+        };
+        report.record(OVS_DP_STATS_PROBE, &result);
+        report
     }
 
     /// The facts of watched link `ifindex` as last applied.
@@ -422,6 +442,7 @@ impl Sampler {
                 }
             }
         }
+        self.ovs_datapaths.refresh();
         let owners = self.retransmit_owners();
         self.sync_pods(&owners);
         let mut kernel = self.datapath.read();
@@ -462,7 +483,8 @@ impl Sampler {
             programs: kernel.programs,
             map_errors: kernel.map_errors,
             attached: self.datapath.attached_count(),
-            probes: self.datapath.probes().clone(),
+            probes: self.probes(),
+            ovs_datapaths: self.ovs_datapaths.latest.clone(),
         }
     }
 
