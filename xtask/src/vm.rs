@@ -108,7 +108,8 @@ pub fn demo(kernel: &str, datapath: dm_lab::Datapath) -> anyhow::Result<()> {
     let line = words.iter().map(|word| command::shell_quote(word)).collect::<Vec<_>>().join(" ");
     println!("==> the demo in a Linux {} guest, OVS {datapath} datapath", kernel.name());
     let job = guest::Job {
-        script: format!("exec {line}\n"),
+        // Waits scale as in the guests' tests: the agent's start-up there is software-emulated.
+        script: format!("export DM_TEST_TIME_SCALE={TIME_SCALE}\nexec {line}\n"),
         workdir: workspace.root,
         forward_ports: Vec::new(),
         timeout: None,
