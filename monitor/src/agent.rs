@@ -33,6 +33,7 @@ use crate::{
     },
     sampling::{
         InterfaceFilter, LinkEvent, OwnNetns,
+        ovs_datapaths::OvsDatapaths,
         sampler::{LatestSample, Sampler},
         watch_links,
     },
@@ -155,9 +156,27 @@ fn spawn_sampling(
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ovs = OvsDatapaths::default();
         loop {
             ticker.tick().await;
-            let sample = lock(&sampler).sample();
+            // Netlink I/O: on a blocking thread, and not under the sampler's lock.
+            ovs = match tokio::task::spawn_blocking(move || {
+                ovs.refresh();
+                ovs
+            })
+            .await
+            {
+                Ok(ovs) => ovs,
+                Err(error) => {
+                    warn!(%error, "reading the OVS datapaths' counters");
+                    OvsDatapaths::default()
+                }
+            };
+            let sample = {
+                let mut sampler = lock(&sampler);
+                sampler.set_ovs_datapaths(&ovs);
+                sampler.sample()
+            };
             let now = Stamp::now();
             // Switches are judged like interfaces: their unforwarded packets are drops.
             let observed: Vec<_> = sample.interfaces.iter().chain(&sample.switches).cloned().collect();

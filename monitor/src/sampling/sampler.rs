@@ -158,7 +158,9 @@ pub struct Sampler {
     switches: Switches,
     /// When the OVS upcall tracer was last tried (it waits for openvswitch.ko).
     upcalls_tried: Instant,
-    ovs_datapaths: OvsDatapaths,
+    /// The OVS datapaths' counters as last read (by the sampling task, outside this lock).
+    ovs_datapaths: Vec<OvsDatapathStats>,
+    ovs_datapaths_state: OvsDatapathsState,
 }
 
 /// The probe name under which the OVS datapaths' own counters are reported.
@@ -185,7 +187,8 @@ impl Sampler {
             pod_cache: Mutex::new(HashMap::new()),
             switches: Switches::default(),
             upcalls_tried: Instant::now(),
-            ovs_datapaths: OvsDatapaths::default(),
+            ovs_datapaths: Vec::new(),
+            ovs_datapaths_state: OvsDatapathsState::NoModule,
         }
     }
 
@@ -243,11 +246,18 @@ impl Sampler {
         self.datapath.attached_count()
     }
 
+    /// Takes the OVS datapaths' counters for the next samples. They are read over netlink
+    /// outside this lock, which `/readyz` also takes.
+    pub fn set_ovs_datapaths(&mut self, datapaths: &OvsDatapaths) {
+        self.ovs_datapaths.clone_from(&datapaths.latest);
+        self.ovs_datapaths_state = datapaths.state.clone();
+    }
+
     /// The kernel programs' probes, and the OVS datapath counters as probe
     /// [`OVS_DP_STATS_PROBE`] (read over netlink, or why not).
     pub fn probes(&self) -> ProbeReport {
         let mut report = self.datapath.probes().clone();
-        let result = match &self.ovs_datapaths.state {
+        let result = match &self.ovs_datapaths_state {
             OvsDatapathsState::Read => Ok("netlink"),
             OvsDatapathsState::NoModule => {
                 Err("openvswitch.ko is not loaded (looked for again every 10 s)".to_string())
@@ -442,7 +452,6 @@ impl Sampler {
                 }
             }
         }
-        self.ovs_datapaths.refresh();
         let owners = self.retransmit_owners();
         self.sync_pods(&owners);
         let mut kernel = self.datapath.read();
@@ -484,7 +493,7 @@ impl Sampler {
             map_errors: kernel.map_errors,
             attached: self.datapath.attached_count(),
             probes: self.probes(),
-            ovs_datapaths: self.ovs_datapaths.latest.clone(),
+            ovs_datapaths: self.ovs_datapaths.clone(),
         }
     }
 
