@@ -319,6 +319,10 @@ pub const GLOBAL_RETRANSMIT_HAS_ERR: &str = "RETRANSMIT_HAS_ERR";
 /// Offset of `group_dead` in the `sched:sched_process_exit` record, from its format file
 /// (0: the field does not exist, as on 6.1; the program then reads `task->signal->live`).
 pub const GLOBAL_TP_GROUP_DEAD_OFFSET: &str = "TP_GROUP_DEAD_OFFSET";
+/// The agent's PID namespace as `stat /proc/self/ns/pid` gives it (device, inode): the
+/// process tracer marks each report with whether its process is in it (u64 each; 0: unknown).
+pub const GLOBAL_AGENT_PIDNS_DEV: &str = "AGENT_PIDNS_DEV";
+pub const GLOBAL_AGENT_PIDNS_INO: &str = "AGENT_PIDNS_INO";
 
 /// Length of a kernel task name (`TASK_COMM_LEN`), NUL included.
 pub const COMM_LEN: usize = 16;
@@ -345,7 +349,19 @@ pub struct ProcessEvent {
     pub exit_code: u32,
     /// The process's name (the group leader's comm), NUL-padded.
     pub comm: [u8; COMM_LEN],
+    /// [`PID_NS_AGENTS`] when the process is in the agent's PID namespace (the host's, with
+    /// the DaemonSet's `hostPID`), [`PID_NS_OTHER`] when it is not (a pod's process), or
+    /// [`PID_NS_UNCHECKED`] when the agent could not name its namespace.
+    pub pid_ns: u32,
+    pub reserved: u32,
 }
+
+/// [`ProcessEvent::pid_ns`]: the process is in the agent's PID namespace.
+pub const PID_NS_AGENTS: u32 = 1;
+/// [`ProcessEvent::pid_ns`]: the process is in another PID namespace (a container's).
+pub const PID_NS_OTHER: u32 = 0;
+/// [`ProcessEvent::pid_ns`]: not checked (the agent's namespace was unknown at load).
+pub const PID_NS_UNCHECKED: u32 = 2;
 
 #[cfg(feature = "user")]
 mod user {

@@ -8,16 +8,18 @@
 use core::ptr::read_volatile;
 
 use aya_ebpf::{
+    bindings::bpf_pidns_info,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        generated::bpf_get_ns_current_pid_tgid,
     },
     macros::{map, tracepoint},
     maps::{HashMap, RingBuf},
     programs::TracePointContext,
 };
 use monitor_common::{
-    COMM_LEN, MAP_ERROR_PROCESS_EVENTS, PROCESS_EVENT_EXEC, PROCESS_EVENT_EXIT, PROCESS_EVENTS_BYTES, ProcessEvent,
-    SDN_COMMS_MAX,
+    COMM_LEN, MAP_ERROR_PROCESS_EVENTS, PID_NS_AGENTS, PID_NS_OTHER, PID_NS_UNCHECKED, PROCESS_EVENT_EXEC,
+    PROCESS_EVENT_EXIT, PROCESS_EVENTS_BYTES, ProcessEvent, SDN_COMMS_MAX,
 };
 
 use crate::packets::count_map_error;
@@ -45,6 +47,10 @@ static TASK_REAL_PARENT_OFFSET: u32 = 0;
 static TASK_TGID_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TP_GROUP_DEAD_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static AGENT_PIDNS_DEV: u64 = 0;
+#[unsafe(no_mangle)]
+static AGENT_PIDNS_INO: u64 = 0;
 
 fn global(value: &'static u32) -> u32 {
     // SAFETY: the agent fills these before load; volatile keeps rustc from folding the 0.
@@ -69,6 +75,8 @@ pub fn process_exec(_ctx: TracePointContext) -> u32 {
         ppid: parent_tgid(task),
         exit_code: 0,
         comm,
+        pid_ns: pid_ns(),
+        reserved: 0,
     });
     0
 }
@@ -114,6 +122,8 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
         ppid: parent_tgid(task),
         exit_code,
         comm,
+        pid_ns: pid_ns(),
+        reserved: 0,
     });
     0
 }
@@ -135,6 +145,22 @@ fn group_dead(ctx: &TracePointContext, task: *const u8) -> bool {
         // SAFETY: the offset comes from the tracepoint's own format file.
         offset => matches!(unsafe { ctx.read_at::<u8>(offset as usize) }, Ok(dead) if dead != 0),
     }
+}
+
+/// Whether the current task is in the agent's PID namespace: a pod can run a binary named
+/// `ovs-vswitchd` and kill it, and that must not look like the node's switch restarting.
+fn pid_ns() -> u32 {
+    // SAFETY: the agent fills these before load; volatile keeps rustc from folding the 0.
+    let (dev, ino) = unsafe { (read_volatile(&AGENT_PIDNS_DEV), read_volatile(&AGENT_PIDNS_INO)) };
+    if ino == 0 {
+        return PID_NS_UNCHECKED;
+    }
+    let mut info = bpf_pidns_info { pid: 0, tgid: 0 };
+    // SAFETY: the helper writes at most `size` bytes into `info`; it succeeds only when the
+    // current task's active PID namespace is (dev, ino).
+    let result =
+        unsafe { bpf_get_ns_current_pid_tgid(dev, ino, &mut info, core::mem::size_of::<bpf_pidns_info>() as u32) };
+    if result == 0 { PID_NS_AGENTS } else { PID_NS_OTHER }
 }
 
 fn is_watched(comm: &[u8; COMM_LEN]) -> bool {

@@ -336,6 +336,85 @@ fn sdn_process_start_exit_and_restart_are_seen_from_the_kernel() -> Result<()> {
     Ok(())
 }
 
+/// A pod can run a binary named like an SDN daemon and kill it. Only processes in the host's
+/// PID namespace are the node's: a /proc scan skips the pod's, the kernel's reports of it are
+/// counted as foreign and change nothing. A host process of the same name, as a control, is seen.
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn a_process_in_another_pid_namespace_is_no_sdn_process() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmtf")?;
+    let dirs = TempDir::new("dmproc")?;
+    let name = unique("dm-sdn-");
+    ensure!(name.len() <= 15, "{name} is longer than a comm");
+    let binary = watched_sleep(&dirs, &name)?;
+    let cache = TempDir::new("dmcache")?;
+    // In a PID namespace of its own, as in a pod; killing `unshare` kills it (--kill-child).
+    let in_pod = || -> Result<Child> {
+        Ok(Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .arg(&binary)
+            .arg("600")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()?)
+    };
+    let mut before = in_pod()?;
+    // Until the pod's process has exec'd, /proc has no process of that name to skip.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sh(&["pgrep", "-x", &name]).is_ok_and(|pids| !pids.trim().is_empty()) {
+        ensure!(Instant::now() < deadline, "{name} did not start in its PID namespace");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let agent = Agent::start(&host, &lifecycle_args(&[&dirs.display()], &cache.display(), &name))?;
+    let foreign = |count: f64| {
+        let name = name.clone();
+        move |m: &datapath_monitor_tests::Metrics| {
+            m.value("datapath_sdn_process_foreign_reports_total", &[("process", &name)]) == count
+        }
+    };
+    let metrics = agent.metrics()?;
+    ensure!(
+        metrics.value("datapath_sdn_process_running", &[("process", &name)]) == 0.0,
+        "the pod's {name} counted as running at start-up:\n{}",
+        metrics.text
+    );
+
+    // The pod's process dies, and another starts and dies: three reports, all foreign.
+    kill_and_reap(&mut before, nix::sys::signal::Signal::SIGKILL)?;
+    agent.wait_metrics("the pod process's exit, counted as foreign", foreign(1.0))?;
+    let mut again = in_pod()?;
+    agent.wait_metrics("the pod process's start, counted as foreign", foreign(2.0))?;
+    kill_and_reap(&mut again, nix::sys::signal::Signal::SIGKILL)?;
+    agent.wait_metrics("its exit, counted as foreign", foreign(3.0))?;
+
+    // The control: the same name on the host is seen, start and exit, and nothing else is.
+    let mut on_host = Command::new(&binary).arg("600").stdin(Stdio::null()).stdout(Stdio::null()).spawn()?;
+    let host_pid = on_host.id();
+    let is_ours = |subject: &str| subject == name;
+    agent.wait_events("the host process's start", is_ours, |e| !e.is_empty())?;
+    kill_and_reap(&mut on_host, nix::sys::signal::Signal::SIGTERM)?;
+    let events = agent.wait_events("the host process's exit", is_ours, |e| e.len() >= 2)?;
+    thread::sleep(Duration::from_millis(500));
+    let events_now = agent.wait_events("no more", is_ours, |e| e.len() >= 2)?;
+    let kinds: Vec<&str> = events_now.iter().map(|e| e.kind.as_str()).collect();
+    ensure!(kinds == ["process_start", "process_exit"], "{events_now:?}");
+    for event in &events {
+        ensure!(event.detail.contains(&format!("pid {host_pid}")), "an event not of the host's process: {event:?}");
+    }
+    let metrics = agent.metrics()?;
+    for (family, want) in [
+        ("datapath_sdn_process_restarts_total", 0.0),
+        ("datapath_sdn_process_running", 0.0),
+        ("datapath_sdn_process_foreign_reports_total", 3.0),
+    ] {
+        let value = metrics.value(family, &[("process", &name)]);
+        ensure!(value == want, "{family} {value}, expected {want}:\n{}", metrics.text);
+    }
+    println!("pod process: 3 reports counted as foreign, 0 events, 0 restarts; host process: start and exit seen");
+    Ok(())
+}
+
 fn cache_entry(namespace: &str, pod: &str, container: &str, interfaces: serde_json::Value, ip: &str) -> String {
     serde_json::json!({
         "kind": "cniCacheV1",

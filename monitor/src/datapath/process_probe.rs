@@ -11,10 +11,10 @@ use aya::{
 };
 use btf_rs::Btf;
 use monitor_common::{
-    COMM_LEN, GLOBAL_SIGNAL_GROUP_EXIT_CODE_OFFSET, GLOBAL_SIGNAL_LIVE_OFFSET, GLOBAL_TASK_COMM_OFFSET,
-    GLOBAL_TASK_GROUP_LEADER_OFFSET, GLOBAL_TASK_REAL_PARENT_OFFSET, GLOBAL_TASK_SIGNAL_OFFSET,
-    GLOBAL_TASK_TGID_OFFSET, GLOBAL_TP_GROUP_DEAD_OFFSET, PROCESS_EVENTS_MAP, PROCESS_EXEC_PROGRAM,
-    PROCESS_EXIT_PROGRAM, ProcessEvent, SDN_COMMS_MAP, SDN_COMMS_MAX,
+    COMM_LEN, GLOBAL_AGENT_PIDNS_DEV, GLOBAL_AGENT_PIDNS_INO, GLOBAL_SIGNAL_GROUP_EXIT_CODE_OFFSET,
+    GLOBAL_SIGNAL_LIVE_OFFSET, GLOBAL_TASK_COMM_OFFSET, GLOBAL_TASK_GROUP_LEADER_OFFSET,
+    GLOBAL_TASK_REAL_PARENT_OFFSET, GLOBAL_TASK_SIGNAL_OFFSET, GLOBAL_TASK_TGID_OFFSET, GLOBAL_TP_GROUP_DEAD_OFFSET,
+    PROCESS_EVENTS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM, ProcessEvent, SDN_COMMS_MAP, SDN_COMMS_MAX,
 };
 use tokio::io::{Interest, unix::AsyncFd};
 use tracing::{debug, info, warn};
@@ -46,6 +46,10 @@ pub struct ProcessTracerOffsets {
     pub task_tgid: u32,
     /// Offset of `group_dead` in the `sched_process_exit` record; 0 when the field is absent.
     pub tp_group_dead: u32,
+    /// The agent's PID namespace (`stat /proc/self/ns/pid`: device, inode; 0 when unknown):
+    /// each report says whether its process is in it.
+    pub agent_pidns_dev: u64,
+    pub agent_pidns_ino: u64,
 }
 
 impl ProcessTracerOffsets {
@@ -59,6 +63,13 @@ impl ProcessTracerOffsets {
                 0
             }
         };
+        let (agent_pidns_dev, agent_pidns_ino) = match own_pid_namespace() {
+            Ok(namespace) => namespace,
+            Err(error) => {
+                warn!(%error, "cannot read this process's PID namespace: SDN process reports from pods are not told apart");
+                (0, 0)
+            }
+        };
         Ok(Self {
             task_signal: member_offset(btf, "task_struct", &["signal"])?,
             signal_live: member_offset(btf, "signal_struct", &["live", "counter"])?,
@@ -68,6 +79,8 @@ impl ProcessTracerOffsets {
             task_real_parent: member_offset(btf, "task_struct", &["real_parent"])?,
             task_tgid: member_offset(btf, "task_struct", &["tgid"])?,
             tp_group_dead,
+            agent_pidns_dev,
+            agent_pidns_ino,
         })
     }
 
@@ -86,8 +99,18 @@ impl ProcessTracerOffsets {
             .override_global(GLOBAL_SIGNAL_GROUP_EXIT_CODE_OFFSET, &self.signal_group_exit_code, true)
             .override_global(GLOBAL_TASK_REAL_PARENT_OFFSET, &self.task_real_parent, true)
             .override_global(GLOBAL_TASK_TGID_OFFSET, &self.task_tgid, true)
-            .override_global(GLOBAL_TP_GROUP_DEAD_OFFSET, &self.tp_group_dead, true);
+            .override_global(GLOBAL_TP_GROUP_DEAD_OFFSET, &self.tp_group_dead, true)
+            .override_global(GLOBAL_AGENT_PIDNS_DEV, &self.agent_pidns_dev, true)
+            .override_global(GLOBAL_AGENT_PIDNS_INO, &self.agent_pidns_ino, true);
     }
+}
+
+/// (device, inode) of this process's PID namespace, as the kernel's
+/// `bpf_get_ns_current_pid_tgid` wants them.
+pub fn own_pid_namespace() -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata("/proc/self/ns/pid")?;
+    Ok((meta.dev(), meta.ino()))
 }
 
 /// The running process tracer: the ring buffer of its reports.
@@ -148,6 +171,8 @@ fn decode_event(bytes: &[u8]) -> Option<ProcessEvent> {
         ppid: u32_at(16)?,
         exit_code: u32_at(20)?,
         comm: bytes.get(24..24 + COMM_LEN)?.try_into().ok()?,
+        pid_ns: u32_at(24 + COMM_LEN)?,
+        reserved: 0,
     })
 }
 
@@ -306,6 +331,8 @@ print fmt: \"comm=%s pid=%d prio=%d group_dead=%s\", REC->comm, REC->pid, REC->p
             ppid: 1,
             exit_code: 9,
             comm: *b"ovs-vswitchd\0\0\0\0",
+            pid_ns: monitor_common::PID_NS_OTHER,
+            reserved: 0,
         };
         // The same bytes the kernel writes for the repr(C) struct.
         let mut bytes = Vec::new();
@@ -314,7 +341,10 @@ print fmt: \"comm=%s pid=%d prio=%d group_dead=%s\", REC->comm, REC->pid, REC->p
             bytes.extend_from_slice(&field.to_ne_bytes());
         }
         bytes.extend_from_slice(&event.comm);
+        bytes.extend_from_slice(&event.pid_ns.to_ne_bytes());
+        bytes.extend_from_slice(&event.reserved.to_ne_bytes());
         assert_eq!(bytes.len(), size_of::<ProcessEvent>());
+        assert_eq!(std::mem::offset_of!(ProcessEvent, pid_ns), 40);
         assert_eq!(std::mem::offset_of!(ProcessEvent, comm), 24);
         assert_eq!(std::mem::offset_of!(ProcessEvent, exit_code), 20);
         assert_eq!(decode_event(&bytes), Some(event));

@@ -344,6 +344,13 @@ impl Collector for LifecycleCollector {
                 (labels, p.restarts)
             }),
         )?;
+        counter(
+            &mut encoder,
+            "datapath_sdn_process_foreign_reports",
+            "Starts and exits of processes named like a watched SDN process but outside the host's PID namespace \
+             (pods' processes): counted, never taken as the node's SDN processes.",
+            processes.foreign_reports.iter().map(|(comm, count)| (vec![("process", comm.as_str())], *count)),
+        )?;
         counter(&mut encoder, "datapath_lifecycle_events", "Lifecycle events recorded on the timeline, by kind.", {
             let events = self.0.timeline.counts_by_kind();
             events.into_iter().map(|(kind, count)| {

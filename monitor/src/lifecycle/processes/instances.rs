@@ -44,7 +44,7 @@ fn label_from_cmdline(cmdline: &[u8]) -> Option<String> {
 }
 
 /// Names processes of instanced comms, keeping the labels bounded.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct InstanceNames {
     /// Labels given so far, per comm.
     seen: BTreeMap<String, Vec<String>>,

@@ -32,7 +32,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use monitor_common::ProcessEvent;
+use monitor_common::{COMM_LEN, PID_NS_OTHER, ProcessEvent};
 use serde::Serialize;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
@@ -40,7 +40,7 @@ use tracing::{debug, warn};
 pub use self::{exit_status::ExitStatus, instances::comm_of};
 use self::{
     instances::{InstanceNames, is_instanced},
-    proc_scan::{PROC, scan_proc},
+    proc_scan::{PROC, own_pid_ns_depth, scan_proc},
     tracker::{Handoff, Observation, ProcessTracker},
 };
 use crate::{
@@ -74,6 +74,9 @@ impl ProcessWatcher {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ProcessSnapshot {
     pub processes: Vec<ProcessState>,
+    /// Kernel reports of watched names from processes outside the agent's PID namespace
+    /// (pods' processes), by comm: counted, never taken as the node's SDN processes.
+    pub foreign_reports: BTreeMap<String, u64>,
 }
 
 /// One watched process name.
@@ -118,7 +121,13 @@ pub fn start(
     let proc_root = PathBuf::from(PROC);
     let tracker = Mutex::new(ProcessTracker::new(&watched, restart_window));
     let mut instances = InstanceNames::default();
-    let found = scan_proc(&proc_root, &watched).with_context(|| format!("scanning {PROC} for SDN processes"))?;
+    let depth = own_pid_ns_depth(&proc_root);
+    if depth.is_none() {
+        warn!(
+            "cannot read this process's PID namespace from {PROC}/self/status: /proc scans do not tell pods' processes apart"
+        );
+    }
+    let found = scan_proc(&proc_root, &watched, depth).with_context(|| format!("scanning {PROC} for SDN processes"))?;
     apply_scan(&tracker, &mut instances, &proc_root, &watched, found, false);
     let (reports, resync_every) = match probe {
         Some(probe) => {
@@ -128,8 +137,8 @@ pub fn start(
         None => (None, RESYNC_WITHOUT_PROBE),
     };
     let tracker = Arc::new(tracker);
-    let task =
-        tokio::spawn(follow(reports, Arc::clone(&tracker), instances, timeline, proc_root, watched, resync_every));
+    let scans = Arc::new(Scans { proc_root, depth });
+    let task = tokio::spawn(follow(reports, Arc::clone(&tracker), instances, timeline, scans, watched, resync_every));
     Ok((ProcessWatcher { tracker }, task))
 }
 
@@ -139,10 +148,11 @@ async fn follow(
     tracker: Arc<Mutex<ProcessTracker>>,
     mut instances: InstanceNames,
     timeline: Arc<Timeline>,
-    proc_root: PathBuf,
+    scans: Arc<Scans>,
     names: Vec<String>,
     resync_every: Duration,
 ) {
+    let proc_root = scans.proc_root.clone();
     if names.is_empty() {
         return;
     }
@@ -152,7 +162,7 @@ async fn follow(
         let batch = tokio::select! {
             batch = next_batch(&mut reports) => batch,
             _ = ticker.tick() => {
-                rescan(&tracker, &mut instances, &proc_root, &names, false);
+                (instances, _) = rescan_off_runtime(&tracker, instances, &scans, names.clone(), false).await;
                 continue;
             }
         };
@@ -167,6 +177,20 @@ async fn follow(
         let mut exited: Vec<String> = Vec::new();
         let mut events = Vec::new();
         for raw in batch {
+            // A pod may run a binary named like an SDN daemon, and kill it: only processes in
+            // the agent's PID namespace (the host's) are the node's.
+            if raw.pid_ns == PID_NS_OTHER {
+                let comm = comm_name(&raw.comm);
+                if lock(&tracker).ignore_foreign(&comm) {
+                    warn!(
+                        process = comm,
+                        pid = raw.tgid,
+                        "a process named like a watched SDN process runs outside the host's PID namespace \
+                         (in a pod): its starts and exits are counted as foreign reports and ignored"
+                    );
+                }
+                continue;
+            }
             let Some(observation) = Observation::from_kernel(&raw, Stamp::from_monotonic(raw.ktime_ns)) else {
                 debug!(?raw, "unreadable process event");
                 continue;
@@ -191,8 +215,13 @@ async fn follow(
         }
         // Who carries on: a daemon's child that the exit left behind, or nobody. Its
         // parent's exit is recorded as a hand-off, never as a cause of an incident.
-        let handoffs =
-            if exited.is_empty() { Vec::new() } else { rescan(&tracker, &mut instances, &proc_root, &exited, true) };
+        let handoffs = if exited.is_empty() {
+            Vec::new()
+        } else {
+            let handoffs;
+            (instances, handoffs) = rescan_off_runtime(&tracker, instances, &scans, exited, true).await;
+            handoffs
+        };
         for (pid, event) in events {
             let handoff = (event.kind == EventKind::ProcessExit)
                 .then(|| handoffs.iter().find(|h| h.name == event.subject && h.parent == pid))
@@ -205,6 +234,12 @@ async fn follow(
     }
 }
 
+/// A NUL-padded kernel comm as text.
+fn comm_name(comm: &[u8; COMM_LEN]) -> String {
+    let end = comm.iter().position(|b| *b == 0).unwrap_or(COMM_LEN);
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
 /// The next reports of the kernel's process tracer; never, without one.
 async fn next_batch(reports: &mut Option<ProcessReports>) -> io::Result<Vec<ProcessEvent>> {
     match reports {
@@ -213,18 +248,49 @@ async fn next_batch(reports: &mut Option<ProcessReports>) -> io::Result<Vec<Proc
     }
 }
 
+/// [`rescan`] on a blocking thread: a /proc walk reads a file per process, and must not hold
+/// up the runtime that serves `/readyz` and `/metrics`.
+async fn rescan_off_runtime(
+    tracker: &Arc<Mutex<ProcessTracker>>,
+    mut instances: InstanceNames,
+    scans: &Arc<Scans>,
+    comms: Vec<String>,
+    take_over: bool,
+) -> (InstanceNames, Vec<Handoff>) {
+    let (tracker, scans) = (Arc::clone(tracker), Arc::clone(scans));
+    let saved = instances.clone();
+    let scan = tokio::task::spawn_blocking(move || {
+        let handoffs = rescan(&tracker, &mut instances, &scans, &comms, take_over);
+        (instances, handoffs)
+    });
+    match scan.await {
+        Ok(done) => done,
+        Err(error) => {
+            warn!(%error, "the /proc scan for SDN processes failed");
+            (saved, Vec::new())
+        }
+    }
+}
+
+/// Where /proc scans look, and the PID namespace depth of the processes they count (the
+/// agent's own; None: unknown, all).
+struct Scans {
+    proc_root: PathBuf,
+    depth: Option<usize>,
+}
+
 /// Rescans /proc for the processes of `comms` and makes the tracker match.
 fn rescan(
     tracker: &Mutex<ProcessTracker>,
     instances: &mut InstanceNames,
-    proc_root: &Path,
+    scans: &Scans,
     comms: &[String],
     take_over: bool,
 ) -> Vec<Handoff> {
-    match scan_proc(proc_root, comms) {
-        Ok(found) => apply_scan(tracker, instances, proc_root, comms, found, take_over),
+    match scan_proc(&scans.proc_root, comms, scans.depth) {
+        Ok(found) => apply_scan(tracker, instances, &scans.proc_root, comms, found, take_over),
         Err(error) => {
-            warn!(%error, "scanning {} for SDN processes", proc_root.display());
+            warn!(%error, "scanning {} for SDN processes", scans.proc_root.display());
             Vec::new()
         }
     }

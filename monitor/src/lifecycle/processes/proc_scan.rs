@@ -10,8 +10,30 @@ use std::{
 /// Where processes are listed.
 pub(super) const PROC: &str = "/proc";
 
-/// Pids of live (non-zombie) processes whose name is one of `names`, by name.
-pub(super) fn scan_proc(proc_root: &Path, names: &[String]) -> io::Result<BTreeMap<String, BTreeSet<u32>>> {
+/// How deep a process's PID namespace is below the root's: the number of pids it has, one per
+/// namespace level (`NSpid:` in `/proc/<pid>/status`, readable without privileges). 1 is the
+/// host's namespace; a process in a pod's namespace has 2 or more.
+pub(super) fn pid_ns_depth(status: &[u8]) -> Option<usize> {
+    let text = std::str::from_utf8(status).ok()?;
+    let line = text.lines().find_map(|line| line.strip_prefix("NSpid:"))?;
+    let depth = line.split_whitespace().count();
+    (depth > 0).then_some(depth)
+}
+
+/// The depth of the agent's own PID namespace (see [`pid_ns_depth`]).
+pub(super) fn own_pid_ns_depth(proc_root: &Path) -> Option<usize> {
+    pid_ns_depth(&fs::read(proc_root.join("self").join("status")).ok()?)
+}
+
+/// Pids of live (non-zombie) processes whose name is one of `names`, by name. With
+/// `depth`, only processes in a PID namespace that deep: the agent's own, as /proc lists only
+/// the agent's namespace and those below it (pods' processes, when the agent runs with the
+/// host's).
+pub(super) fn scan_proc(
+    proc_root: &Path,
+    names: &[String],
+    depth: Option<usize>,
+) -> io::Result<BTreeMap<String, BTreeSet<u32>>> {
     let mut found: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
     if names.is_empty() {
         return Ok(found);
@@ -28,9 +50,14 @@ pub(super) fn scan_proc(proc_root: &Path, names: &[String]) -> io::Result<BTreeM
             continue;
         }
         let comm = String::from_utf8_lossy(comm);
-        if let Some(name) = names.iter().find(|name| **name == comm) {
-            found.entry(name.clone()).or_default().insert(pid);
+        let Some(name) = names.iter().find(|name| **name == comm) else { continue };
+        if let Some(depth) = depth {
+            let status = fs::read(entry.path().join("status")).unwrap_or_default();
+            if pid_ns_depth(&status) != Some(depth) {
+                continue;
+            }
         }
+        found.entry(name.clone()).or_default().insert(pid);
     }
     Ok(found)
 }
@@ -73,23 +100,42 @@ mod tests {
         }
         // A process that vanished between readdir and read.
         fs::create_dir_all(root.join("105")).unwrap();
+        // A pod's process of a watched name: two pids, one per namespace level.
+        fs::create_dir_all(root.join("106")).unwrap();
+        fs::write(root.join("106").join("stat"), "106 (ovs-vswitchd) S 1 106").unwrap();
+        fs::write(root.join("106").join("status"), "Name:\tovs-vswitchd\nNSpid:\t106\t7\n").unwrap();
+        for pid in ["100", "102"] {
+            fs::write(root.join(pid).join("status"), format!("Name:\tx\nNSpid:\t{pid}\n")).unwrap();
+        }
         let names = vec!["ovs-vswitchd".to_string(), "ovsdb-server".to_string(), "flanneld".to_string()];
-        let found = scan_proc(&root, &names).unwrap();
+        let host_only = scan_proc(&root, &names, Some(1)).unwrap();
+        let all = scan_proc(&root, &names, None).unwrap();
         fs::remove_dir_all(&root).unwrap();
         assert_eq!(
-            found,
+            host_only,
             BTreeMap::from([
                 ("ovs-vswitchd".to_string(), BTreeSet::from([100])),
                 ("ovsdb-server".to_string(), BTreeSet::from([102]))
             ])
         );
+        assert_eq!(all["ovs-vswitchd"], BTreeSet::from([100, 106]));
+    }
+
+    #[test]
+    fn pid_namespace_depth_comes_from_nspid() {
+        assert_eq!(pid_ns_depth(b"Name:\tsleep\nNSpid:\t4242\nNSsid:\t1\n"), Some(1));
+        assert_eq!(pid_ns_depth(b"Name:\tsleep\nNSpid:\t4242\t1\n"), Some(2));
+        assert_eq!(pid_ns_depth(b"Name:\tsleep\n"), None);
+        assert_eq!(pid_ns_depth(b"NSpid:\n"), None);
+        assert!(own_pid_ns_depth(Path::new(PROC)).is_some_and(|depth| depth >= 1));
     }
 
     #[test]
     fn this_machine_proc_scan_finds_this_process() {
         let Ok(comm) = fs::read_to_string("/proc/self/comm") else { return };
         let comm = comm.trim_end_matches('\n').to_string();
-        let found = scan_proc(Path::new(PROC), std::slice::from_ref(&comm)).unwrap();
+        let depth = own_pid_ns_depth(Path::new(PROC));
+        let found = scan_proc(Path::new(PROC), std::slice::from_ref(&comm), depth).unwrap();
         assert!(found.get(&comm).is_some_and(|pids| pids.contains(&std::process::id())), "{comm}: {found:?}");
     }
 }

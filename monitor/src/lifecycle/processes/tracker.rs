@@ -156,6 +156,8 @@ impl NameState {
 pub(super) struct ProcessTracker {
     window_ns: u64,
     names: Vec<NameState>,
+    /// Reports and scan finds of processes outside the agent's PID namespace, by comm.
+    foreign: BTreeMap<String, u64>,
 }
 
 impl ProcessTracker {
@@ -163,7 +165,16 @@ impl ProcessTracker {
         Self {
             window_ns: u64::try_from(restart_window.as_nanos()).unwrap_or(u64::MAX),
             names: names.iter().map(|name| NameState::new(name)).collect(),
+            foreign: BTreeMap::new(),
         }
+    }
+
+    /// Counts a report of `comm` from a process outside the agent's PID namespace (a pod's),
+    /// which changes no state; true the first time for that comm (to log it once).
+    pub(super) fn ignore_foreign(&mut self, comm: &str) -> bool {
+        let count = self.foreign.entry(comm.to_string()).or_default();
+        *count += 1;
+        *count == 1
     }
 
     fn index(&self, name: &str) -> Option<usize> {
@@ -333,7 +344,7 @@ impl ProcessTracker {
                 last_exit_detail: state.last_exit_detail.clone(),
             })
             .collect();
-        ProcessSnapshot { processes }
+        ProcessSnapshot { processes, foreign_reports: self.foreign.clone() }
     }
 }
 
@@ -687,6 +698,8 @@ mod tests {
             ppid: 1,
             exit_code: 9,
             comm: *b"ovs-vswitchd\0\0\0\0",
+            pid_ns: monitor_common::PID_NS_AGENTS,
+            reserved: 0,
         };
         let observation = Observation::from_kernel(&event, at(SEC)).unwrap();
         assert_eq!(observation.name, "ovs-vswitchd");
