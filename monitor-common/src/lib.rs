@@ -397,6 +397,6 @@ mod tests {
         assert_eq!(size_of::<DropKey>(), 16);
         assert_eq!(size_of::<RetransmitKey>(), 4 + 2 + 2 + 16);
         assert_eq!(size_of::<PodAddress>(), 2 + 2 + 16);
-        assert_eq!(size_of::<ProcessEvent>(), 8 + 4 * 4 + COMM_LEN);
+        assert_eq!(size_of::<ProcessEvent>(), 8 + 4 * 4 + COMM_LEN + 4 + 4);
     }
 }
