@@ -220,6 +220,40 @@ fn lookups_match(agent: &Agent, ovs: &Ovs) -> Result<((f64, f64, f64), datapath:
     Ok((counted, dpctl))
 }
 
+/// Two pods on a kernel-datapath bridge `br-dmt` in secure mode (no flows): `a` (port `veth_a`)
+/// sends to `b` (port `veth_b`, address `b_ip`), whose MAC `a` knows statically, so the test's
+/// datagrams are the only packets. Port names carry `tag` and this process's id.
+struct Pods {
+    a: Netns,
+    _b: Netns,
+    veth_a: String,
+    veth_b: String,
+    b_ip: String,
+}
+
+fn two_pods(host: &Netns, ovs: &Ovs, tag: u32, subnet: &str) -> Result<Pods> {
+    ovs.vsctl(&["add-br", "br-dmt", "--", "set", "Bridge", "br-dmt", "datapath_type=system", "fail_mode=secure"])?;
+    let suffix = std::process::id() & 0xffff;
+    let (veth_a, veth_b) = (format!("veth{:08x}", tag << 16 | suffix), format!("veth{:08x}", (tag + 1) << 16 | suffix));
+    let (a_ip, b_ip) = (format!("{subnet}.1"), format!("{subnet}.2"));
+    let a = port(host, ovs, &veth_a, &a_ip)?;
+    let b = port(host, ovs, &veth_b, &b_ip)?;
+    let b_mac = mac_of(&b, "eth0")?;
+    a.exec(&["ip", "neigh", "replace", &b_ip, "lladdr", &b_mac, "dev", "eth0", "nud", "permanent"])?;
+    ovs.vsctl(&["--timeout=10", "wait-until", "Interface", &veth_b, "ofport>0"])?;
+    Ok(Pods { a, _b: b, veth_a, veth_b, b_ip })
+}
+
+/// The agent in `host`, once it counts on both ports.
+fn agent_on_both_ports<'n>(host: &'n Netns, veth_a: &str, veth_b: &str) -> Result<Agent<'n>> {
+    let agent = Agent::start(host, &[])?;
+    agent.wait_metrics("both ports attached", |m| {
+        m.has("datapath_packets_total", &[("interface", veth_a)])
+            && m.has("datapath_packets_total", &[("interface", veth_b)])
+    })?;
+    Ok(agent)
+}
+
 /// A netns with `eth0` at `ip`/24, its peer `veth` on the switch.
 fn port(host: &Netns, ovs: &Ovs, veth: &str, ip: &str) -> Result<Netns> {
     let ns = Netns::new("dmtop")?;
@@ -244,14 +278,7 @@ fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Re
     }
     let host = Netns::new("dmto")?;
     let ovs = Ovs::start(&host)?;
-    ovs.vsctl(&["add-br", "br-dmt", "--", "set", "Bridge", "br-dmt", "datapath_type=system", "fail_mode=secure"])?;
-    let suffix = std::process::id() & 0xffff;
-    let (veth_a, veth_b) = (format!("veth{:08x}", 0xa0000 | suffix), format!("veth{:08x}", 0xb0000 | suffix));
-    let a = port(&host, &ovs, &veth_a, "10.78.0.1")?;
-    let b = port(&host, &ovs, &veth_b, "10.78.0.2")?;
-    // Static neighbours: the datagrams are the only packets.
-    let b_mac = mac_of(&b, "eth0")?;
-    a.exec(&["ip", "neigh", "replace", "10.78.0.2", "lladdr", &b_mac, "dev", "eth0", "nud", "permanent"])?;
+    let Pods { a, _b, veth_a, veth_b, b_ip } = two_pods(&host, &ovs, 0xa, "10.78.0")?;
 
     // The switch's daemon dies; its kernel datapath and ports stay, with no flows: every
     // packet misses, and its upcall has nobody to go to.
@@ -264,11 +291,7 @@ fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Re
         thread::sleep(Duration::from_millis(50));
     }
 
-    let agent = Agent::start(&host, &[])?;
-    agent.wait_metrics("both ports attached", |m| {
-        m.has("datapath_packets_total", &[("interface", veth_a.as_str())])
-            && m.has("datapath_packets_total", &[("interface", veth_b.as_str())])
-    })?;
+    let agent = agent_on_both_ports(&host, &veth_a, &veth_b)?;
     let readyz = agent.get_json("/readyz")?;
     println!("probes: {}", readyz["probes"]);
     ensure!(readyz["probes"]["probes"]["ovs_upcall"] == "tracepoint", "upcall tracer not attached: {readyz}");
@@ -290,10 +313,11 @@ fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Re
         agent.metrics()?.value("datapath_drops_total", &[("interface", "other"), ("reason", "NOT_SPECIFIED")]);
     let lost_before = ovs.lost()?;
     const COUNT: usize = 50;
-    a.run(|| -> Result<()> {
+    let to = format!("{b_ip}:7");
+    a.run(move || -> Result<()> {
         let socket = UdpSocket::bind("0.0.0.0:0")?;
         for _ in 0..COUNT {
-            socket.send_to(&[0x5a; 64], "10.78.0.2:7")?;
+            socket.send_to(&[0x5a; 64], to.as_str())?;
         }
         Ok(())
     })??;
@@ -362,20 +386,8 @@ fn upcalls_lost_on_a_full_queue_are_counted_from_the_datapaths_counter() -> Resu
     }
     let host = Netns::new("dmtq")?;
     let ovs = Ovs::start(&host)?;
-    ovs.vsctl(&["add-br", "br-dmt", "--", "set", "Bridge", "br-dmt", "datapath_type=system", "fail_mode=secure"])?;
-    let suffix = std::process::id() & 0xffff;
-    let (veth_a, veth_b) = (format!("veth{:08x}", 0xc0000 | suffix), format!("veth{:08x}", 0xd0000 | suffix));
-    let a = port(&host, &ovs, &veth_a, "10.79.0.1")?;
-    let b = port(&host, &ovs, &veth_b, "10.79.0.2")?;
-    let b_mac = mac_of(&b, "eth0")?;
-    a.exec(&["ip", "neigh", "replace", "10.79.0.2", "lladdr", &b_mac, "dev", "eth0", "nud", "permanent"])?;
-    ovs.vsctl(&["--timeout=10", "wait-until", "Interface", &veth_b, "ofport>0"])?;
-
-    let agent = Agent::start(&host, &[])?;
-    agent.wait_metrics("both ports attached", |m| {
-        m.has("datapath_packets_total", &[("interface", veth_a.as_str())])
-            && m.has("datapath_packets_total", &[("interface", veth_b.as_str())])
-    })?;
+    let Pods { a, _b, veth_a, veth_b, b_ip } = two_pods(&host, &ovs, 0xc, "10.79.0")?;
+    let agent = agent_on_both_ports(&host, &veth_a, &veth_b)?;
     // ovs-vswitchd stops reading: its handler sockets stay open and fill up. It had no
     // traffic yet, so it installed no flow: every datagram misses and goes up.
     let vswitchd = ovs.pid("ovs-vswitchd").context("ovs-vswitchd pid")?;
@@ -386,10 +398,11 @@ fn upcalls_lost_on_a_full_queue_are_counted_from_the_datapaths_counter() -> Resu
 
     // Enough to overflow the handler socket's receive buffer (OVS asks for 4 MiB) many times.
     const COUNT: u64 = 20_000;
-    a.run(|| -> Result<()> {
+    let to = format!("{b_ip}:7");
+    a.run(move || -> Result<()> {
         let socket = UdpSocket::bind("0.0.0.0:0")?;
         for _ in 0..COUNT {
-            socket.send_to(&[0x5a; 64], "10.79.0.2:7")?;
+            socket.send_to(&[0x5a; 64], to.as_str())?;
         }
         Ok(())
     })??;

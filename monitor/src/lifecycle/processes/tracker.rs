@@ -156,7 +156,7 @@ impl NameState {
 pub(super) struct ProcessTracker {
     window_ns: u64,
     names: Vec<NameState>,
-    /// Reports and scan finds of processes outside the agent's PID namespace, by comm.
+    /// Kernel reports of processes outside the agent's PID namespace (pods' processes), by comm.
     foreign: BTreeMap<String, u64>,
 }
 
