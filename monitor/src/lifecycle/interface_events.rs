@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex};
 
 use tokio::{sync::mpsc, task::JoinHandle};
-use tracing::warn;
 
 use crate::{
     lifecycle::{
@@ -16,7 +15,8 @@ use crate::{
 };
 
 /// Follows the link watch's events: each one attaches or detaches in the sampler, and is
-/// recorded on the timeline as the interface events it means. Ends when the watch does.
+/// recorded on the timeline as the interface events it means. Ends when the watch does (it
+/// restarts itself when its socket fails, see [`crate::sampling::watch_links`]).
 pub fn follow_links(
     sampler: Arc<Mutex<Sampler>>,
     mut events: mpsc::Receiver<LinkEvent>,
@@ -35,7 +35,6 @@ pub fn follow_links(
                 timeline.record(change);
             }
         }
-        warn!("netlink link watch ended: new interfaces are no longer attached");
     })
 }
 

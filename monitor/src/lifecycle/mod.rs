@@ -2,7 +2,7 @@
 //! one bounded [`timeline`]: CNI config dirs ([`cni`], over [`dirwatch`]), SDN processes
 //! ([`processes`]), interface events ([`interface_events`]); and the CNI result cache that
 //! names the pod behind each veth ([`pods`]). [`Lifecycle`] holds a handle on every source
-//! and serves `/api/v1/lifecycle`.
+//! and serves `/api/v1/lifecycle`; [`sources`] says which of them work.
 
 pub mod clock;
 pub mod cni;
@@ -11,6 +11,7 @@ pub mod files;
 pub mod interface_events;
 pub mod pods;
 pub mod processes;
+pub mod sources;
 pub mod timeline;
 
 use std::{path::PathBuf, sync::Arc};
@@ -21,6 +22,7 @@ use crate::lifecycle::{
     cni::{CniSnapshot, CniWatcher},
     pods::SharedPods,
     processes::{ProcessState, ProcessWatcher},
+    sources::Sources,
     timeline::Timeline,
 };
 
@@ -33,6 +35,8 @@ pub struct Lifecycle {
     pub pods: Arc<SharedPods>,
     pub cni_cache_dir: PathBuf,
     pub timeline: Arc<Timeline>,
+    /// Whether each signal source works.
+    pub sources: Arc<Sources>,
 }
 
 #[derive(Serialize)]

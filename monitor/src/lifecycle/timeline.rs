@@ -171,6 +171,22 @@ impl Timeline {
         ring.iter().filter(|e| since.is_none_or(|since| e.stamp.wall >= since)).cloned().collect()
     }
 
+    /// One page of events, oldest first: with `since`, the first `limit` at or after it, and
+    /// when more remain, the time of the next one (to ask `since` next: events that share that
+    /// very time with the page's last come again, none is skipped); without, the newest `limit`.
+    pub fn page(&self, since: Option<jiff::Timestamp>, limit: usize) -> (Vec<Event>, Option<jiff::Timestamp>) {
+        let ring = lock(&self.ring);
+        match since {
+            None => (ring.iter().skip(ring.len().saturating_sub(limit)).cloned().collect(), None),
+            Some(since) => {
+                let mut page: Vec<Event> =
+                    ring.iter().filter(|e| e.stamp.wall >= since).take(limit.saturating_add(1)).cloned().collect();
+                let next = (page.len() > limit).then(|| page.pop().map(|e| e.stamp.wall)).flatten();
+                (page, next)
+            }
+        }
+    }
+
     /// Events with `from_mono_ns <= mono_ns <= to_mono_ns`, oldest first.
     pub fn between(&self, from_mono_ns: u64, to_mono_ns: u64) -> Vec<Event> {
         let ring = lock(&self.ring);
@@ -237,6 +253,28 @@ mod tests {
         }
         let since = at(2_000_000_000).wall;
         assert_eq!(timeline.events(Some(since)).len(), 2);
+    }
+
+    #[test]
+    fn pages_walk_every_event_once_and_the_newest_come_without_since() {
+        let timeline = Timeline::new(100);
+        for second in 1..=7u64 {
+            timeline.record(Event::new(at(second * 1_000_000_000), EventKind::InterfaceUp, second.to_string(), ""));
+        }
+        let subjects = |page: &[Event]| page.iter().map(|e| e.subject.clone()).collect::<Vec<_>>().join(",");
+        let (newest, next) = timeline.page(None, 3);
+        assert_eq!((subjects(&newest).as_str(), next), ("5,6,7", None));
+        let mut since = Some(at(0).wall);
+        let mut seen = Vec::new();
+        while let Some(from) = since {
+            let (page, next) = timeline.page(Some(from), 3);
+            assert!(page.len() <= 3);
+            seen.push(subjects(&page));
+            since = next;
+        }
+        assert_eq!(seen, ["1,2,3", "4,5,6", "7"]);
+        let (all, next) = timeline.page(Some(at(0).wall), 7);
+        assert_eq!((all.len(), next), (7, None));
     }
 
     #[test]

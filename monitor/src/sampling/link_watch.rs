@@ -15,7 +15,7 @@ use rtnetlink::{
     sys::{AsyncSocket, AsyncSocketExt, Socket, SocketAddr, TokioSocket, protocols::NETLINK_ROUTE},
 };
 use tokio::{sync::mpsc, time::Instant};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     InterfaceError, InterfaceFilter, LinkEvent, LinkFacts,
@@ -23,7 +23,10 @@ use super::{
     netlink_error,
     netns::NetnsResolver,
 };
-use crate::errors;
+use crate::{
+    errors,
+    lifecycle::sources::{Backoff, SourceHandle},
+};
 
 /// rtnetlink multicast groups (`RTNLGRP_*` in `linux/rtnetlink.h`).
 const RTNLGRP_LINK: u32 = 1;
@@ -40,9 +43,10 @@ const RECEIVE_BUFFER: usize = 4 << 20;
 /// matching as Added. A pod veth whose peer netns cannot be resolved yet is reported with
 /// `netns_inode: None`, and a Changed event follows when a (rate-limited) rescan finds it.
 /// Sockets are opened in the calling thread's netns. The task ends when the receiver is
-/// dropped; the channel closes early only if the netlink socket fails.
+/// dropped; when the netlink socket fails, it reports `health` down and starts over.
 pub async fn watch_links(
     filter: InterfaceFilter,
+    health: SourceHandle,
 ) -> Result<(Vec<LinkFacts>, mpsc::Receiver<LinkEvent>), InterfaceError> {
     let mut watch = LinkWatch::open(filter)?;
     watch.start_dump().await?;
@@ -55,7 +59,7 @@ pub async fn watch_links(
     let initial = watch.table.watched();
     info!(watched = initial.len(), links = watch.table.links.len(), "link watch started");
     let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
-    tokio::spawn(watch.run(events_tx));
+    tokio::spawn(watch.run(events_tx, health));
     Ok((initial, events_rx))
 }
 
@@ -86,15 +90,8 @@ struct LinkWatch {
 
 impl LinkWatch {
     fn open(filter: InterfaceFilter) -> Result<Self, InterfaceError> {
-        let mut socket = TokioSocket::new(NETLINK_ROUTE).map_err(netlink_error("opening the link socket"))?;
-        let raw = socket.socket_mut();
-        raw.bind_auto().map_err(netlink_error("binding the link socket"))?;
-        enlarge_receive_buffer(raw);
-        for group in [RTNLGRP_LINK, RTNLGRP_NSID] {
-            raw.add_membership(group).map_err(netlink_error("subscribing to link and nsid events"))?;
-        }
         Ok(Self {
-            socket,
+            socket: subscribed_socket()?,
             seq: 0,
             table: LinkTable::new(filter),
             netns: NetnsResolver::open()?,
@@ -104,7 +101,43 @@ impl LinkWatch {
         })
     }
 
-    async fn run(mut self, events_tx: mpsc::Sender<LinkEvent>) {
+    /// Follows events until the receiver is dropped. When the socket fails, reports the
+    /// source down and starts over with a new socket and a full dump (with backoff): links
+    /// that came, changed or went meanwhile are reported then.
+    async fn run(mut self, events_tx: mpsc::Sender<LinkEvent>, health: SourceHandle) {
+        loop {
+            if let Err(error) = self.follow(&events_tx).await {
+                health.down(format!("link watch failed: {}", errors::chain(&error)));
+            } else {
+                return;
+            }
+            let mut backoff = Backoff::default();
+            loop {
+                tokio::select! {
+                    () = events_tx.closed() => return,
+                    () = backoff.wait() => {}
+                }
+                match self.restart().await {
+                    Ok(()) => break,
+                    Err(error) => health.down(format!("restarting the link watch: {}", errors::chain(&error))),
+                }
+            }
+            info!("link watch restarted: dumping every link again");
+            health.up();
+        }
+    }
+
+    /// A new socket, subscribed first, then a full dump applied to the table kept so far.
+    async fn restart(&mut self) -> Result<(), InterfaceError> {
+        self.socket = subscribed_socket()?;
+        self.netns.clear();
+        self.dump = None;
+        self.resync_wanted = false;
+        self.start_dump().await
+    }
+
+    /// Follows events; Ok when the receiver is dropped, Err when the socket failed.
+    async fn follow(&mut self, events_tx: &mpsc::Sender<LinkEvent>) -> Result<(), InterfaceError> {
         loop {
             let rescan_at = self.rescan_at;
             let wake = tokio::select! {
@@ -116,7 +149,7 @@ impl LinkWatch {
             let outcome = match wake {
                 Wake::Closed => {
                     debug!("link event receiver dropped: link watch ends");
-                    return;
+                    return Ok(());
                 }
                 Wake::Received(received) => self.on_received(received, &mut events).await,
                 Wake::Rescan => {
@@ -126,13 +159,10 @@ impl LinkWatch {
             };
             for event in events {
                 if events_tx.send(event).await.is_err() {
-                    return;
+                    return Ok(());
                 }
             }
-            if let Err(error) = outcome {
-                error!(error = %errors::chain(&error), "link watch failed: no more interface events");
-                return;
-            }
+            outcome?;
         }
     }
 
@@ -345,6 +375,18 @@ impl LinkWatch {
     }
 }
 
+/// A route netlink socket subscribed to link and nsid events.
+fn subscribed_socket() -> Result<TokioSocket, InterfaceError> {
+    let mut socket = TokioSocket::new(NETLINK_ROUTE).map_err(netlink_error("opening the link socket"))?;
+    let raw = socket.socket_mut();
+    raw.bind_auto().map_err(netlink_error("binding the link socket"))?;
+    enlarge_receive_buffer(raw);
+    for group in [RTNLGRP_LINK, RTNLGRP_NSID] {
+        raw.add_membership(group).map_err(netlink_error("subscribing to link and nsid events"))?;
+    }
+    Ok(socket)
+}
+
 /// Best effort: a bigger queue means fewer overflows, and an overflow only costs a resync.
 fn enlarge_receive_buffer(socket: &Socket) {
     let size = libc::c_int::try_from(RECEIVE_BUFFER).unwrap_or(libc::c_int::MAX);
@@ -543,7 +585,12 @@ mod netns_tests {
             assert_eq!(OwnNetns::of_this_thread().expect("own netns").inode, host_inode, "the calling thread's netns");
             let include: Vec<String> = InterfaceFilter::DEFAULT_INCLUDE.iter().map(|glob| glob.to_string()).collect();
             let filter = InterfaceFilter::new(&include, &["vethexcl*".to_string()]).expect("filter");
-            let (initial, mut events) = watch_links(filter).await.expect("watch_links");
+            let (initial, mut events) = watch_links(
+                filter,
+                crate::lifecycle::sources::Sources::new().handle(crate::lifecycle::sources::LINK_WATCH),
+            )
+            .await
+            .expect("watch_links");
 
             let names: Vec<&str> = initial.iter().map(|link| link.name.as_str()).collect();
             assert_eq!(names, ["vethaaaa0001"], "{initial:?}");
@@ -696,7 +743,10 @@ mod netns_tests {
                 expected.extend([a, b]);
             }
             let (events_tx, mut events) = mpsc::channel(EVENT_QUEUE);
-            tokio::spawn(watch.run(events_tx));
+            tokio::spawn(watch.run(
+                events_tx,
+                crate::lifecycle::sources::Sources::new().handle(crate::lifecycle::sources::LINK_WATCH),
+            ));
             let mut added_names: Vec<String> = Vec::new();
             while added_names.len() < expected.len() {
                 match next_event(&mut events).await {

@@ -22,6 +22,7 @@ use crate::{
     lifecycle::{
         clock::Stamp,
         dirwatch::{self, DirChange, EntryEvent, ReadFence, Unsettled},
+        sources::SourceHandle,
         timeline::{Event, Timeline},
     },
     sync,
@@ -214,9 +215,14 @@ impl CniWatcher {
 /// `timeline`. Returns once the start-up scan is done (state populated, start-up events
 /// recorded), with the shared state and the task that follows changes (abort it to stop).
 /// Must be called inside a tokio runtime.
-pub async fn start(dirs: Vec<PathBuf>, timeline: Arc<Timeline>) -> anyhow::Result<(CniWatcher, JoinHandle<()>)> {
+pub async fn start(
+    dirs: Vec<PathBuf>,
+    timeline: Arc<Timeline>,
+    health: SourceHandle,
+) -> anyhow::Result<(CniWatcher, JoinHandle<()>)> {
     let mut watcher = dirwatch::watch_dirs(dirs).context("cannot watch the CNI config dirs")?;
-    let fence = watcher.read_fence();
+    watcher.report_health(health.clone());
+    let mut fence = watcher.read_fence();
     let states = watcher.dirs().iter().cloned().map(DirState::new).collect();
     let cni = CniWatcher { dirs: Arc::new(Mutex::new(states)) };
     for _ in 0..watcher.dirs().len() {
@@ -226,10 +232,14 @@ pub async fn start(dirs: Vec<PathBuf>, timeline: Arc<Timeline>) -> anyhow::Resul
     let task = tokio::spawn({
         let cni = cni.clone();
         async move {
-            while let Some(change) = watcher.recv().await {
-                cni.apply(change, &fence, &timeline).await;
+            loop {
+                while let Some(change) = watcher.recv().await {
+                    cni.apply(change, &fence, &timeline).await;
+                }
+                // Its first changes rescan every dir: what changed meanwhile is recorded then.
+                watcher = dirwatch::rewatch(watcher.dirs(), &health).await;
+                fence = watcher.read_fence();
             }
-            warn!("CNI config dir watch ended; CNI config changes are no longer followed");
         }
     });
     Ok((cni, task))
@@ -243,7 +253,13 @@ mod tests {
         super::rules::fixtures::{VALID, valid},
         *,
     };
-    use crate::{lifecycle::timeline::EventKind, test_support::TempDir};
+    use crate::{
+        lifecycle::{
+            sources::{CNI_CONFIG, Sources},
+            timeline::EventKind,
+        },
+        test_support::TempDir,
+    };
 
     use EventKind::{
         CniConfigAdded as Added, CniConfigChanged as Changed, CniConfigInvalid as Invalid, CniConfigRemoved as Removed,
@@ -326,7 +342,7 @@ mod tests {
         let dir = tmp.0.join("net.d");
         fs::create_dir(&dir).unwrap();
         let timeline = Arc::new(Timeline::new(1000));
-        let (cni, task) = start(vec![dir.clone()], timeline.clone()).await.unwrap();
+        let (cni, task) = start(vec![dir.clone()], timeline.clone(), Sources::new().handle(CNI_CONFIG)).await.unwrap();
         let dir_name = dir.file_name().unwrap().to_string_lossy().into_owned();
 
         // Start-up state is there when start returns.
@@ -417,7 +433,8 @@ mod tests {
         let tmp = TempDir::new("absent");
         let dir = tmp.0.join("a").join("net.d");
         let timeline = Arc::new(Timeline::new(100));
-        let (cni, task) = start(vec![dir.clone(), dir.clone()], timeline.clone()).await.unwrap();
+        let (cni, task) =
+            start(vec![dir.clone(), dir.clone()], timeline.clone(), Sources::new().handle(CNI_CONFIG)).await.unwrap();
         assert!(timeline.events(None).is_empty());
         let snapshot = cni.snapshot();
         assert_eq!(snapshot.dirs.len(), 1);
@@ -437,7 +454,7 @@ mod tests {
         let a = dir.join("10-a.conflist");
         fs::write(&a, VALID).unwrap();
         let timeline = Arc::new(Timeline::new(10_000));
-        let (cni, task) = start(vec![dir.clone()], timeline.clone()).await.unwrap();
+        let (cni, task) = start(vec![dir.clone()], timeline.clone(), Sources::new().handle(CNI_CONFIG)).await.unwrap();
         let other = VALID.replace("0.4.0", "1.0.0");
         // Truncate-then-write in place, as ioutil.WriteFile does, back to back: every read the
         // watcher makes races a later rewrite.
@@ -483,7 +500,7 @@ mod tests {
         fs::write(dir.join("50-valid.conflist"), VALID).unwrap();
         let timeline = Arc::new(Timeline::new(10_000));
         let started = std::time::Instant::now();
-        let (cni, task) = start(vec![dir.clone()], timeline.clone()).await.unwrap();
+        let (cni, task) = start(vec![dir.clone()], timeline.clone(), Sources::new().handle(CNI_CONFIG)).await.unwrap();
         assert!(timeline.events(None).is_empty());
 
         let mut random = XorShift(0x9E37_79B9_7F4A_7C15);

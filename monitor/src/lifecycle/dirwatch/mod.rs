@@ -37,6 +37,11 @@
 //! writing (`truncate(2)`; `touch -m`, which the kernel reports as `IN_MODIFY`) leave an entry
 //! "being written" per inotify until its next close, rename or deletion; the probe tells better.
 //!
+//! A directory that exists but cannot be watched (`ENOSPC`: `fs.inotify.max_user_watches` used
+//! up) is retried with [`Backoff`] and rescanned once watched; until then, and after a failed
+//! read of the inotify fd, the watcher's [`SourceHandle`] (see [`DirWatcher::report_health`])
+//! says the source is down.
+//!
 //! Changes are queued in memory in order. If the consumer falls more than [`MAX_QUEUED`]
 //! changes behind, the queue is collapsed into one Rescan (or Gone) per dir, like an inotify
 //! queue overflow: memory stays bounded and nothing is lost.
@@ -64,7 +69,13 @@ use tracing::warn;
 
 pub use self::fence::{ReadFence, ReadToken, Unsettled, open_for_writing};
 use self::watch_table::WatchTable;
-use crate::{lifecycle::clock::Stamp, sync};
+use crate::{
+    lifecycle::{
+        clock::Stamp,
+        sources::{Backoff, SourceHandle},
+    },
+    sync,
+};
 
 /// Changes queued for the consumer before the queue is collapsed into one rescan per dir.
 pub const MAX_QUEUED: usize = 16 * 1024;
@@ -128,6 +139,8 @@ struct InotifyState {
     queue: VecDeque<DirChange>,
     /// Reading inotify failed: no more changes will come.
     failed: bool,
+    /// Where this watch reports whether it works.
+    health: Option<SourceHandle>,
 }
 
 impl InotifyState {
@@ -160,6 +173,27 @@ impl InotifyState {
             }
         }
     }
+
+    /// Down when reading failed or a directory cannot be watched; up otherwise.
+    fn report_health(&self) {
+        let Some(health) = &self.health else { return };
+        if self.failed {
+            health.down("reading inotify events failed");
+        } else if let Some((path, error)) = self.table.unwatchable.first() {
+            health.down(format!("cannot watch {}: {error}", path.display()));
+        } else {
+            health.up();
+        }
+    }
+
+    /// Tries again to watch what could not be watched; queues what that finds. Returns whether
+    /// something is still unwatchable.
+    fn retry_unwatchable(&mut self) -> bool {
+        let changes = self.table.reconcile(false, Stamp::now());
+        self.queue.extend(changes);
+        self.report_health();
+        !self.table.unwatchable.is_empty()
+    }
 }
 
 /// The inotify state shared by the watcher, its reader task and the read fences, and the
@@ -183,6 +217,7 @@ impl SharedInotify {
             let mut state = self.lock();
             let before = state.queue.len();
             let result = state.drain();
+            state.report_health();
             (result, state.queue.len() != before || state.failed)
         };
         if queued {
@@ -235,6 +270,14 @@ impl DirWatcher {
         }
     }
 
+    /// Reports, from now on, whether this watch works to `health`: down while reading failed
+    /// or an existing directory cannot be watched.
+    pub fn report_health(&self, health: SourceHandle) {
+        let mut state = self.shared.lock();
+        state.health = Some(health);
+        state.report_health();
+    }
+
     /// The fence for reads of the watched dirs' entries (shared with the watcher).
     pub fn read_fence(&self) -> ReadFence {
         ReadFence(self.shared.clone())
@@ -263,7 +306,7 @@ pub fn watch_dirs(dirs: Vec<PathBuf>) -> anyhow::Result<DirWatcher> {
     let fd = inotify.as_raw_fd();
     let mut table = WatchTable::new(inotify.watches(), targets.clone());
     let queue = table.reconcile(false, Stamp::now()).into();
-    let state = InotifyState { inotify, buffer: vec![0; READ_BUFFER], table, queue, failed: false };
+    let state = InotifyState { inotify, buffer: vec![0; READ_BUFFER], table, queue, failed: false, health: None };
     let shared = Arc::new(SharedInotify { state: Mutex::new(state), queued: Notify::new(), fd });
     // SAFETY: the fd belongs to the `Inotify` inside `shared`, which `InotifyFd` keeps alive: it
     // stays open, and is the same fd, for as long as the AsyncFd exists.
@@ -274,28 +317,75 @@ pub fn watch_dirs(dirs: Vec<PathBuf>) -> anyhow::Result<DirWatcher> {
     Ok(DirWatcher { dirs: targets, shared, task })
 }
 
+/// Watches `dirs` again after a watcher failed (its `recv` returned None): tries with
+/// backoff until a new watcher runs, reporting to `health` meanwhile. The new watcher's first
+/// changes are the start-up state of every dir, a full resync for the consumer.
+pub async fn rewatch(dirs: &[PathBuf], health: &SourceHandle) -> DirWatcher {
+    let mut backoff = Backoff::default();
+    loop {
+        backoff.wait().await;
+        match watch_dirs(dirs.to_vec()) {
+            Ok(watcher) => {
+                watcher.report_health(health.clone());
+                return watcher;
+            }
+            Err(error) => health.down(format!("{error:#}")),
+        }
+    }
+}
+
 /// Absolute and lexically normalized: `std::path::absolute`, then `.` and trailing `/` dropped.
 pub fn normalize(dir: &Path) -> anyhow::Result<PathBuf> {
     let absolute = std::path::absolute(dir).with_context(|| format!("bad directory path {dir:?}"))?;
     Ok(absolute.components().collect())
 }
 
-/// Reads inotify events as they come.
+/// Reads inotify events as they come; retries, with backoff, directories that could not be
+/// watched.
 async fn run(readiness: AsyncFd<InotifyFd>) {
+    let shared = Arc::clone(&readiness.get_ref().0);
+    let mut backoff = Backoff::default();
+    let mut retry_at: Option<tokio::time::Instant> = None;
     loop {
-        let mut guard = match readiness.readable().await {
+        // Something is unwatchable: retry at the backoff's pace, however many events come.
+        let unwatchable = !shared.lock().table.unwatchable.is_empty();
+        match (unwatchable, retry_at) {
+            (true, None) => retry_at = Some(tokio::time::Instant::now() + backoff.next_wait()),
+            (false, Some(_)) => {
+                retry_at = None;
+                backoff.reset();
+            }
+            _ => {}
+        }
+        let readable = tokio::select! {
+            readable = readiness.readable() => readable,
+            () = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)), if retry_at.is_some() => {
+                let (still, queued) = {
+                    let mut state = shared.lock();
+                    (state.retry_unwatchable(), !state.queue.is_empty())
+                };
+                if queued {
+                    shared.queued.notify_one();
+                }
+                retry_at = still.then(|| tokio::time::Instant::now() + backoff.next_wait());
+                continue;
+            }
+        };
+        let mut guard = match readable {
             Ok(guard) => guard,
             Err(error) => {
                 warn!(%error, "polling the inotify fd failed; directory watch stopped");
-                let shared = &readiness.get_ref().0;
-                shared.lock().failed = true;
+                let mut state = shared.lock();
+                state.failed = true;
+                state.report_health();
+                drop(state);
                 shared.queued.notify_one();
                 return;
             }
         };
         // Drained until the kernel queue was empty: wait for the next edge. (A readiness edge
         // that arrives meanwhile is not cleared: tokio compares readiness ticks.)
-        if readiness.get_ref().0.drain().is_err() {
+        if shared.drain().is_err() {
             return;
         }
         guard.clear_ready();

@@ -73,6 +73,9 @@ pub(super) struct WatchTable {
     wds: HashMap<i32, WatchDescriptor>,
     /// Paths already warned about (a failing watch is warned about once).
     warned: HashSet<PathBuf>,
+    /// Existing directories that could not be watched at the last reconcile, and why
+    /// (`ENOSPC`: the user's `fs.inotify.max_user_watches` is used up). Retried until empty.
+    pub(super) unwatchable: Vec<(PathBuf, String)>,
     /// Entries being written: (target dir, name).
     pub(super) pending: HashSet<(PathBuf, OsString)>,
     /// Events on entries of watched dirs seen so far.
@@ -94,6 +97,7 @@ impl WatchTable {
             path_wd: HashMap::new(),
             wds: HashMap::new(),
             warned: HashSet::new(),
+            unwatchable: Vec::new(),
             pending: HashSet::new(),
             event_seq: 0,
             readers: HashMap::new(),
@@ -180,6 +184,7 @@ impl WatchTable {
     pub(super) fn reconcile(&mut self, rescan_all: bool, stamp: Stamp) -> Vec<DirChange> {
         let mut desired: HashMap<PathBuf, i32> = HashMap::new();
         let mut changes = Vec::new();
+        self.unwatchable.clear();
         for index in 0..self.targets.len() {
             let dir = self.targets[index].dir.clone();
             let prefixes = prefixes(&dir);
@@ -241,7 +246,10 @@ impl WatchTable {
                     return None;
                 }
                 if self.warned.insert(path.to_path_buf()) {
-                    warn!(path = %path.display(), %error, "cannot watch directory; its changes will be missed");
+                    warn!(path = %path.display(), %error, "cannot watch directory: its changes are missed until a retry succeeds");
+                }
+                if !self.unwatchable.iter().any(|(p, _)| p == path) {
+                    self.unwatchable.push((path.to_path_buf(), error.to_string()));
                 }
                 Some(None)
             }

@@ -10,11 +10,14 @@ use std::{
 };
 
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::PodIndex;
 use crate::{
-    lifecycle::dirwatch::{self, DirChange},
+    lifecycle::{
+        dirwatch::{self, DirChange},
+        sources::SourceHandle,
+    },
     sampling::sampler::{PodLabels, PodSource},
     sync,
 };
@@ -59,8 +62,13 @@ impl PodSource for SharedPods {
 
 /// Follows the CNI result cache dir with inotify: every file written, renamed, or deleted
 /// updates the index. Returns once the start-up state is read.
-pub async fn watch_cache_dir(dir: PathBuf, pods: Arc<SharedPods>) -> anyhow::Result<JoinHandle<()>> {
+pub async fn watch_cache_dir(
+    dir: PathBuf,
+    pods: Arc<SharedPods>,
+    health: SourceHandle,
+) -> anyhow::Result<JoinHandle<()>> {
     let mut watcher = dirwatch::watch_dirs(vec![dir])?;
+    watcher.report_health(health.clone());
     // The first change per dir is its start-up state (Rescan, or Gone when it does not exist).
     if let Some(change) = watcher.recv().await {
         apply_cache_change(&pods, change);
@@ -68,10 +76,13 @@ pub async fn watch_cache_dir(dir: PathBuf, pods: Arc<SharedPods>) -> anyhow::Res
     let entries = pods.read(PodIndex::len);
     info!(dir = %watcher.dirs()[0].display(), entries, "following the CNI result cache for pod names");
     Ok(tokio::spawn(async move {
-        while let Some(change) = watcher.recv().await {
-            apply_cache_change(&pods, change);
+        loop {
+            while let Some(change) = watcher.recv().await {
+                apply_cache_change(&pods, change);
+            }
+            // Its first change rescans the dir.
+            watcher = dirwatch::rewatch(watcher.dirs(), &health).await;
         }
-        warn!("CNI result cache watch ended: pod names are no longer updated");
     }))
 }
 

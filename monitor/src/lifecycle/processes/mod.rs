@@ -47,6 +47,7 @@ use crate::{
     datapath::process_probe::{ProcessProbe, ProcessReports},
     lifecycle::{
         clock::{Stamp, monotonic_ns},
+        sources::SourceHandle,
         timeline::{EventKind, Timeline},
     },
     sync::lock,
@@ -56,6 +57,8 @@ use crate::{
 const RESYNC_WITH_PROBE: Duration = Duration::from_secs(30);
 /// How often `/proc` is rescanned when there are no kernel reports (state only, no events).
 const RESYNC_WITHOUT_PROBE: Duration = Duration::from_secs(5);
+/// The least time between two `/proc` walks after exits of watched processes.
+const MIN_RESCAN_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Current state of the watched processes; cheap to clone and share.
 #[derive(Clone)]
@@ -111,6 +114,7 @@ pub fn start(
     names: Vec<String>,
     restart_window: Duration,
     timeline: Arc<Timeline>,
+    health: SourceHandle,
 ) -> anyhow::Result<(ProcessWatcher, JoinHandle<()>)> {
     let mut watched: Vec<String> = Vec::new();
     for name in names {
@@ -138,98 +142,112 @@ pub fn start(
     };
     let tracker = Arc::new(tracker);
     let scans = Arc::new(Scans { proc_root, depth });
-    let task = tokio::spawn(follow(reports, Arc::clone(&tracker), instances, timeline, scans, watched, resync_every));
+    let follower = Follower { tracker: Arc::clone(&tracker), timeline, scans, names: watched, health };
+    let task = tokio::spawn(follower.run(reports, instances, resync_every));
     Ok((ProcessWatcher { tracker }, task))
 }
 
-/// The watcher's task: kernel reports as they come, /proc rescans as needed.
-async fn follow(
-    mut reports: Option<ProcessReports>,
+/// What the watcher's task works with.
+struct Follower {
     tracker: Arc<Mutex<ProcessTracker>>,
-    mut instances: InstanceNames,
     timeline: Arc<Timeline>,
     scans: Arc<Scans>,
     names: Vec<String>,
-    resync_every: Duration,
-) {
-    let proc_root = scans.proc_root.clone();
-    if names.is_empty() {
-        return;
-    }
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + resync_every, resync_every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let batch = tokio::select! {
-            batch = next_batch(&mut reports) => batch,
-            _ = ticker.tick() => {
-                (instances, _) = rescan_off_runtime(&tracker, instances, &scans, names.clone(), false).await;
-                continue;
-            }
-        };
-        let batch = match batch {
-            Ok(batch) => batch,
-            Err(error) => {
-                warn!(%error, "reading process events failed; SDN process events are no longer seen");
-                reports = None;
-                continue;
-            }
-        };
-        let mut exited: Vec<String> = Vec::new();
-        let mut events = Vec::new();
-        for raw in batch {
-            // A pod may run a binary named like an SDN daemon, and kill it: only processes in
-            // the agent's PID namespace (the host's) are the node's.
-            if raw.pid_ns == PID_NS_OTHER {
-                let comm = comm_name(&raw.comm);
-                if lock(&tracker).ignore_foreign(&comm) {
-                    warn!(
-                        process = comm,
-                        pid = raw.tgid,
-                        "a process named like a watched SDN process runs outside the host's PID namespace \
-                         (in a pod): its starts and exits are counted as foreign reports and ignored"
-                    );
-                }
-                continue;
-            }
-            let Some(observation) = Observation::from_kernel(&raw, Stamp::from_monotonic(raw.ktime_ns)) else {
-                debug!(?raw, "unreadable process event");
-                continue;
-            };
-            // An exec of an instanced comm is named by its command line, read now (outside
-            // the lock); its exit finds the instance from the pid.
-            let observation = if observation.is_exec() && is_instanced(observation.name()) {
-                let name = instances.name(&proc_root, observation.name(), observation.pid);
-                observation.named(name)
-            } else {
-                observation
-            };
-            debug!(?observation, ppid = raw.ppid, "process event");
-            let pid = observation.pid;
-            for event in lock(&tracker).observe(observation) {
-                let comm = comm_of(&event.subject).to_string();
-                if event.kind == EventKind::ProcessExit && !exited.contains(&comm) {
-                    exited.push(comm);
-                }
-                events.push((pid, event));
-            }
+    health: SourceHandle,
+}
+
+impl Follower {
+    /// The watcher's task: kernel reports as they come, /proc rescans as needed (after exits, at
+    /// most one per [`MIN_RESCAN_INTERVAL`]).
+    async fn run(self, mut reports: Option<ProcessReports>, mut instances: InstanceNames, resync_every: Duration) {
+        let Self { tracker, timeline, scans, names, health } = self;
+        let proc_root = scans.proc_root.clone();
+        if names.is_empty() {
+            return;
         }
-        // Who carries on: a daemon's child that the exit left behind, or nobody. Its
-        // parent's exit is recorded as a hand-off, never as a cause of an incident.
-        let handoffs = if exited.is_empty() {
-            Vec::new()
-        } else {
-            let handoffs;
-            (instances, handoffs) = rescan_off_runtime(&tracker, instances, &scans, exited, true).await;
-            handoffs
-        };
-        for (pid, event) in events {
-            let handoff = (event.kind == EventKind::ProcessExit)
-                .then(|| handoffs.iter().find(|h| h.name == event.subject && h.parent == pid))
-                .flatten();
-            timeline.record(match handoff {
-                Some(handoff) => event.daemon_handoff(handoff.child),
-                None => event,
-            });
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + resync_every, resync_every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_exit_scan: Option<tokio::time::Instant> = None;
+        loop {
+            let batch = tokio::select! {
+                batch = next_batch(&mut reports) => batch,
+                _ = ticker.tick() => {
+                    (instances, _) = rescan_off_runtime(&tracker, instances, &scans, names.clone(), false).await;
+                    continue;
+                }
+            };
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(error) => {
+                    // /proc alone then keeps the running state right, without events.
+                    health.down(format!("reading process events failed: {error}"));
+                    reports = None;
+                    ticker = tokio::time::interval(RESYNC_WITHOUT_PROBE);
+                    continue;
+                }
+            };
+            let mut exited: Vec<String> = Vec::new();
+            let mut events = Vec::new();
+            for raw in batch {
+                // A pod may run a binary named like an SDN daemon, and kill it: only processes in
+                // the agent's PID namespace (the host's) are the node's.
+                if raw.pid_ns == PID_NS_OTHER {
+                    let comm = comm_name(&raw.comm);
+                    if lock(&tracker).ignore_foreign(&comm) {
+                        warn!(
+                            process = comm,
+                            pid = raw.tgid,
+                            "a process named like a watched SDN process runs outside the host's PID namespace \
+                         (in a pod): its starts and exits are counted as foreign reports and ignored"
+                        );
+                    }
+                    continue;
+                }
+                let Some(observation) = Observation::from_kernel(&raw, Stamp::from_monotonic(raw.ktime_ns)) else {
+                    debug!(?raw, "unreadable process event");
+                    continue;
+                };
+                // An exec of an instanced comm is named by its command line, read now (outside
+                // the lock); its exit finds the instance from the pid.
+                let observation = if observation.is_exec() && is_instanced(observation.name()) {
+                    let name = instances.name(&proc_root, observation.name(), observation.pid);
+                    observation.named(name)
+                } else {
+                    observation
+                };
+                debug!(?observation, ppid = raw.ppid, "process event");
+                let pid = observation.pid;
+                for event in lock(&tracker).observe(observation) {
+                    let comm = comm_of(&event.subject).to_string();
+                    if event.kind == EventKind::ProcessExit && !exited.contains(&comm) {
+                        exited.push(comm);
+                    }
+                    events.push((pid, event));
+                }
+            }
+            // Who carries on: a daemon's child that the exit left behind, or nobody. Its
+            // parent's exit is recorded as a hand-off, never as a cause of an incident.
+            let handoffs = if exited.is_empty() {
+                Vec::new()
+            } else {
+                // A process that exits in a loop must not make /proc walks back to back.
+                if let Some(last) = last_exit_scan {
+                    tokio::time::sleep_until(last + MIN_RESCAN_INTERVAL).await;
+                }
+                last_exit_scan = Some(tokio::time::Instant::now());
+                let handoffs;
+                (instances, handoffs) = rescan_off_runtime(&tracker, instances, &scans, exited, true).await;
+                handoffs
+            };
+            for (pid, event) in events {
+                let handoff = (event.kind == EventKind::ProcessExit)
+                    .then(|| handoffs.iter().find(|h| h.name == event.subject && h.parent == pid))
+                    .flatten();
+                timeline.record(match handoff {
+                    Some(handoff) => event.daemon_handoff(handoff.child),
+                    None => event,
+                });
+            }
         }
     }
 }
@@ -333,7 +351,14 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::lifecycle::timeline::EventKind;
+    use crate::lifecycle::{
+        sources::{SDN_PROCESSES, Sources},
+        timeline::EventKind,
+    };
+
+    fn test_health() -> SourceHandle {
+        Sources::new().handle(SDN_PROCESSES)
+    }
 
     /// The kernel side end to end: real tracepoints, real processes, real signals.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -371,7 +396,8 @@ mod tests {
         assert_eq!(datapath.probes().probes.get("sched_process"), Some(&Some("tracepoint".to_string())));
         let timeline = Arc::new(Timeline::new(100));
         let (watcher, task) =
-            start(Some(probe), vec![NAME.to_string()], Duration::from_secs(60), Arc::clone(&timeline)).unwrap();
+            start(Some(probe), vec![NAME.to_string()], Duration::from_secs(60), Arc::clone(&timeline), test_health())
+                .unwrap();
         let snapshot = watcher.snapshot();
         assert_eq!(snapshot.processes[0].running, [early_pid]);
         assert_eq!(snapshot.processes[0].starts, 0);
@@ -509,9 +535,14 @@ mod tests {
         let mut datapath = Datapath::load(DatapathOptions::default()).unwrap();
         let probe = datapath.start_process_probe(&["ovsdb-server".to_string()]).unwrap();
         let timeline = Arc::new(Timeline::new(100));
-        let (watcher, task) =
-            start(Some(probe), vec!["ovsdb-server".to_string()], Duration::from_secs(60), Arc::clone(&timeline))
-                .unwrap();
+        let (watcher, task) = start(
+            Some(probe),
+            vec!["ovsdb-server".to_string()],
+            Duration::from_secs(60),
+            Arc::clone(&timeline),
+            test_health(),
+        )
+        .unwrap();
         let names = |watcher: &ProcessWatcher| -> Vec<String> {
             watcher.snapshot().processes.into_iter().map(|p| p.name).collect()
         };
