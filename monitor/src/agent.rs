@@ -22,15 +22,17 @@ use crate::{
         api::{self, ApiState},
         metrics::Metrics,
     },
-    incidents::{IncidentEngine, IncidentUpdate, SharedEngine, message::log_update, store::IncidentHistory},
+    incidents::{IncidentEngine, IncidentUpdate, SharedEngine, history::IncidentHistory, message::log_update},
     lifecycle::{
         Lifecycle,
         clock::Stamp,
         cni, interface_events,
         pods::{self, SharedPods},
         processes,
+        sources::{CNI_CACHE, CNI_CONFIG, LINK_WATCH, SDN_PROCESSES, Sources},
         timeline::Timeline,
     },
+    privileges,
     sampling::{
         InterfaceFilter, LinkEvent, OwnNetns,
         ovs_datapaths::OvsDatapaths,
@@ -57,18 +59,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     datapath::release_freed_memory();
     let own_netns = OwnNetns::of_this_thread().context("reading this network namespace")?.inode;
     let timeline = Arc::new(Timeline::new(config.event_capacity));
+    let sources = Sources::new();
 
     let (process_watcher, processes_task) = processes::start(
         process_probe,
         config.sdn_processes.clone(),
         config.process_restart_window(),
         Arc::clone(&timeline),
+        sources.handle(SDN_PROCESSES),
     )
     .context("watching SDN processes")?;
     let (cni_watcher, cni_task) =
-        cni::start(config.cni_dirs.clone(), Arc::clone(&timeline)).await.context("watching CNI config dirs")?;
+        cni::start(config.cni_dirs.clone(), Arc::clone(&timeline), sources.handle(CNI_CONFIG))
+            .await
+            .context("watching CNI config dirs")?;
     let pods = Arc::new(SharedPods::default());
-    let pods_task = pods::watch_cache_dir(config.cni_cache_dir.clone(), Arc::clone(&pods))
+    let pods_task = pods::watch_cache_dir(config.cni_cache_dir.clone(), Arc::clone(&pods), sources.handle(CNI_CACHE))
         .await
         .context("watching the CNI result cache")?;
     let lifecycle = Arc::new(Lifecycle {
@@ -78,6 +84,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         pods: Arc::clone(&pods),
         cni_cache_dir: config.cni_cache_dir.clone(),
         timeline: Arc::clone(&timeline),
+        sources: Arc::clone(&sources),
     });
 
     let (history, past_incidents) = IncidentHistory::open(&config.state_dir, config.incident_history);
@@ -92,7 +99,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let listener = api::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
     let latest = Arc::new(LatestSample::default());
     let state = Arc::new(ApiState {
-        metrics: Metrics::new(Arc::clone(&latest), Arc::clone(&lifecycle), Arc::clone(&engine)),
+        metrics: Metrics::new(Arc::clone(&latest), Arc::clone(&lifecycle), Arc::clone(&engine), Arc::clone(&history)),
         engine: Arc::clone(&engine),
         lifecycle,
         sampler: Arc::clone(&sampler),
@@ -103,7 +110,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let server = api::serve(listener, Arc::clone(&state), shutdown_tx.subscribe());
     info!(listen = %config.listen, "serving /metrics, /healthz, /readyz, /api/v1");
 
-    let (initial, link_events) = watch_links(filter).await.context("watching network interfaces")?;
+    let (initial, link_events) =
+        watch_links(filter, sources.handle(LINK_WATCH)).await.context("watching network interfaces")?;
     {
         let mut sampler = lock(&sampler);
         for link in initial {
@@ -112,6 +120,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         latest.publish(sampler.sample());
         info!(attached = sampler.attached_count(), elapsed_ms = started.elapsed().as_millis() as u64, "ready");
+    }
+    // Loaded, mounted, attached: what is left needs far less (see crate::privileges).
+    match privileges::drop_unneeded() {
+        Ok((kept, dropped)) => info!(
+            kept = ?privileges::names(kept),
+            dropped = format!("{dropped:#x}"),
+            "dropped the capabilities no longer needed"
+        ),
+        Err(error) => warn!(error = %errors::chain(error.as_ref()), "could not drop capabilities; running with all"),
     }
     state.ready.store(true, Ordering::Release);
 
@@ -144,6 +161,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How often the incident in progress is checkpointed to the state dir.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
 /// Every `interval`: the kernel's counters into a sample, the sample into the incident engine
 /// and to the scrapes, the engine's updates into the log and the incident history.
 fn spawn_sampling(
@@ -157,6 +177,7 @@ fn spawn_sampling(
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ovs = OvsDatapaths::default();
+        let mut last_checkpoint: Option<Instant> = None;
         loop {
             ticker.tick().await;
             // Netlink I/O: on a blocking thread, and not under the sampler's lock.
@@ -180,12 +201,37 @@ fn spawn_sampling(
             let now = Stamp::now();
             // Switches are judged like interfaces: their unforwarded packets are drops.
             let observed: Vec<_> = sample.interfaces.iter().chain(&sample.switches).cloned().collect();
-            let updates = lock(&engine).observe(now, &observed);
+            let (updates, open) = {
+                let mut engine = lock(&engine);
+                let updates = engine.observe(now, &observed);
+                // The incident in progress, checkpointed once a second for a restart after a crash.
+                let due = last_checkpoint.is_none_or(|at: Instant| at.elapsed() >= CHECKPOINT_EVERY);
+                (updates, if due { engine.open_incident() } else { None })
+            };
             latest.publish(sample);
+            let mut closed = Vec::new();
             for update in updates {
                 log_update(&update);
                 if let IncidentUpdate::Closed(incident) = update {
-                    history.persist(&incident);
+                    closed.push(incident);
+                }
+            }
+            if open.is_some() {
+                last_checkpoint = Some(Instant::now());
+            }
+            if !closed.is_empty() || open.is_some() {
+                // File writes: on a blocking thread.
+                let history = Arc::clone(&history);
+                let written = tokio::task::spawn_blocking(move || {
+                    for incident in &closed {
+                        history.persist(incident);
+                    }
+                    if let Some(open) = &open {
+                        history.checkpoint(open);
+                    }
+                });
+                if let Err(error) = written.await {
+                    warn!(%error, "writing the incident history");
                 }
             }
         }

@@ -206,6 +206,8 @@ pub enum ConfigError {
     Parse { path: PathBuf, source: Box<toml::de::Error> },
     #[error("{key} must be {what}, got {value}")]
     Invalid { key: &'static str, what: &'static str, value: String },
+    #[error("interfaces/exclude")]
+    Globs(#[source] crate::sampling::InterfaceError),
 }
 
 impl Config {
@@ -278,7 +280,17 @@ impl Config {
                 value: name.escape_debug().to_string(),
             });
         }
-        let ranges: [(&'static str, u64, std::ops::RangeInclusive<u64>, &'static str); 6] = [
+        // Globs are compiled here too, so that `--dry-run` rejects what `run` would.
+        crate::sampling::InterfaceFilter::new(&self.interfaces, &self.exclude).map_err(ConfigError::Globs)?;
+        let ranges: [(&'static str, u64, std::ops::RangeInclusive<u64>, &'static str); 8] = [
+            // A day: longer would only keep gone interfaces' series; far longer overflows clocks.
+            (
+                "removed_interface_grace_seconds",
+                self.removed_interface_grace_seconds,
+                0..=86_400,
+                "between 0 and 86400",
+            ),
+            ("process_restart_window_seconds", self.process_restart_window_seconds, 1..=86_400, "between 1 and 86400"),
             ("incident_floor", self.incident_floor, 1..=1_000_000, "between 1 and 1000000"),
             ("incident_quiet_ms", self.incident_quiet_ms, 250..=600_000, "between 250 and 600000"),
             ("incident_max_seconds", self.incident_max_seconds, 10..=86_400, "between 10 and 86400"),
@@ -404,6 +416,13 @@ mod tests {
         assert!(err.to_string().contains("15 bytes"), "{err}");
         let err = Config::resolve(run_args(&["run", "--sdn-process", "ovs\0vswitchd"])).unwrap_err();
         assert!(err.to_string().contains("without NUL"), "{err}");
+        // What `run` would reject, `--dry-run` rejects too.
+        let err = Config::resolve(run_args(&["run", "--dry-run", "--interface", "tun[0"])).unwrap_err();
+        let err = crate::errors::chain(&err);
+        assert!(err.contains("interfaces/exclude") && err.contains("tun[0"), "{err}");
+        let err = Config::resolve(run_args(&["run", "--removed-interface-grace-seconds", "18446744073709551615"]))
+            .unwrap_err();
+        assert!(err.to_string().contains("removed_interface_grace_seconds must be between 0 and 86400"), "{err}");
     }
 
     #[test]

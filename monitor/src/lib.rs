@@ -10,7 +10,8 @@
 //!
 //! [`agent`] only wires the stages together; [`config`] is the configuration (flags,
 //! environment, TOML file). Across stages: [`errors`] prints error chains, [`sync`] takes
-//! locks that outlive a panic.
+//! locks that outlive a panic, [`privileges`] drops the capabilities the agent no longer needs
+//! once started.
 
 pub mod agent;
 pub mod cli;
@@ -20,6 +21,7 @@ pub mod errors;
 pub mod export;
 pub mod incidents;
 pub mod lifecycle;
+pub mod privileges;
 pub mod sampling;
 pub mod sync;
 

@@ -307,6 +307,14 @@ impl<'a> Agent<'a> {
             thread::sleep(Duration::from_millis(50));
         }
     }
+
+    /// SIGKILL, as a crash or an OOM kill would end it: nothing of its shutdown runs.
+    pub fn kill(&mut self) -> Result<()> {
+        let mut child = self.child.take().context("agent already stopped")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
 }
 
 impl Drop for Agent<'_> {

@@ -671,3 +671,99 @@ fn forcing_tcx_reports_the_tc_probe_as_this_kernel_supports_it_and_drops_still_c
     }
     Ok(())
 }
+
+/// Capability bits (`linux/capability.h`).
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_BPF: u32 = 39;
+
+/// (thread id, CapEff, CapPrm) of every thread of `pid`.
+fn thread_capabilities(pid: u32) -> Result<Vec<(String, u64, u64)>> {
+    let mut threads = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let entry = entry?;
+        let status = std::fs::read_to_string(entry.path().join("status"))?;
+        let field = |name: &str| -> Result<u64> {
+            let value = status.lines().find_map(|l| l.strip_prefix(name)).context("no such status field")?;
+            Ok(u64::from_str_radix(value.trim(), 16)?)
+        };
+        threads.push((entry.file_name().to_string_lossy().into_owned(), field("CapEff:")?, field("CapPrm:")?));
+    }
+    Ok(threads)
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn the_running_agent_holds_no_capability_it_does_not_need_and_still_attaches_new_pods() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmth")?;
+    let agent = Agent::start(&host, &[])?;
+    let pid = agent.pid().context("agent pid")?;
+    let threads = thread_capabilities(pid)?;
+    println!("agent threads (tid, CapEff, CapPrm): {threads:x?}");
+    ensure!(threads.len() >= 3, "the runtime's threads: {threads:?}");
+    for (tid, effective, permitted) in &threads {
+        let has = |set: u64, cap: u32| set & (1 << cap) != 0;
+        ensure!(!has(*effective, CAP_SYS_ADMIN) && !has(*permitted, CAP_SYS_ADMIN), "thread {tid} kept CAP_SYS_ADMIN");
+        ensure!(has(*effective, CAP_BPF) && has(*effective, CAP_NET_ADMIN), "thread {tid} lost CAP_BPF or NET_ADMIN");
+        // CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN, CAP_SYS_PTRACE, CAP_LEASE and nothing else.
+        ensure!(*effective == 0xc0_1008_1000, "thread {tid}: CapEff {effective:#x}");
+    }
+    // With what is left: a pod that appears now is attached and its packets counted.
+    let pod = Pod::new(&host, 9)?;
+    let listener = host.run(|| UdpSocket::bind("0.0.0.0:5019"))??;
+    agent.wait_metrics("the new pod watched", |m| {
+        m.has("datapath_packets_total", &[("interface", pod.veth.as_str()), ("direction", "ingress")])
+    })?;
+    send_udp(&pod.ns, addr(&pod.host_ip, 5019), 20)?;
+    let labels = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    agent.wait_metrics("the new pod's packets", |m| m.value("datapath_packets_total", &labels) >= 20.0)?;
+    settle();
+    ensure!(agent.metrics()?.value("datapath_packets_total", &labels) == 20.0);
+    // Reading the maps, the drop tracer and the /proc-based netns lookups keep working too.
+    let interfaces = agent.get_json("/api/v1/interfaces")?;
+    let ours = interfaces.as_array().into_iter().flatten().find(|i| i["interface"] == pod.veth.as_str());
+    ensure!(ours.is_some_and(|i| i["peer"]["netns"] == pod.ns.inode().unwrap_or_default()), "{interfaces:#}");
+    drop(listener);
+    Ok(())
+}
+
+/// The tc filters (clsact) that run a BPF program on `veth` in `direction`.
+fn bpf_filters(host: &Netns, veth: &str, direction: &str) -> Result<usize> {
+    let listing = host.exec(&["tc", "filter", "show", "dev", veth, direction])?;
+    Ok(listing.lines().filter(|line| line.contains(" bpf ") && line.contains("direct-action")).count())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn an_agent_killed_on_clsact_leaves_filters_its_successor_replaces_exactly_once() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmth")?;
+    let pod = Pod::new(&host, 10)?;
+    let args = ["--tc-attach", "clsact"];
+    let mut first = Agent::start(&host, &args)?;
+    let filters = || -> Result<[usize; 2]> {
+        Ok([bpf_filters(&host, &pod.veth, "ingress")?, bpf_filters(&host, &pod.veth, "egress")?])
+    };
+    ensure!(filters()? == [1, 1], "one filter per direction: {:?}", filters()?);
+    // SIGKILL: no detach; clsact filters outlive their agent (tcx links would not).
+    first.kill()?;
+    let killed = Instant::now();
+    ensure!(filters()? == [1, 1], "the dead agent's filters: {:?}", filters()?);
+
+    let second = Agent::start(&host, &args)?;
+    let blind = killed.elapsed();
+    ensure!(filters()? == [1, 1], "after the restart, filters per direction: {:?}", filters()?);
+    ensure!(second.log_text().contains("removed a tc filter a previous agent left behind"), "{}", second.log_text());
+    let listener = host.run(|| UdpSocket::bind("0.0.0.0:5020"))??;
+    send_udp(&pod.ns, addr(&pod.host_ip, 5020), 25)?;
+    let labels = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    second.wait_metrics("the datagrams", |m| m.value("datapath_packets_total", &labels) >= 25.0)?;
+    settle();
+    ensure!(second.metrics()?.value("datapath_packets_total", &labels) == 25.0, "counted once, by the new agent");
+    println!("agent restart after SIGKILL: {blind:?} from the kill to the new agent ready (blind meanwhile)");
+    drop(listener);
+    drop(second);
+    ensure!(filters()? == [0, 0], "a clean stop leaves nothing: {:?}", filters()?);
+    Ok(())
+}

@@ -136,6 +136,55 @@ fn a_drop_rule_after_a_restart_is_one_incident_attributed_to_the_restart() -> Re
     Ok(())
 }
 
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn an_incident_open_when_the_agent_is_killed_is_closed_at_its_next_start() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmti")?;
+    let pod = Pod::new(&host, 6)?;
+    let state = TempDir::new("dmstate")?;
+    let dir = state.display();
+    let args = ["--cni-dir", &dir, "--cni-cache-dir", &dir, "--state-dir", &dir];
+    let stream = UdpStream::start_echo(&host, &pod, PORT, RATE)?;
+    let mut agent = Agent::start(&host, &args)?;
+    thread::sleep(Duration::from_secs(2));
+
+    let rule = ["INPUT", "-i", pod.veth.as_str(), "-p", "udp", "--dport", "7000", "-j", "DROP"];
+    let insert: Vec<&str> = ["iptables", "-I"].into_iter().chain(rule).collect();
+    host.exec(&insert)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let open = loop {
+        let all = incidents(&agent)?;
+        if let Some(open) = all.first().filter(|i| i["active"] == true) {
+            break open.clone();
+        }
+        ensure!(Instant::now() < deadline, "no incident while the DROP rule was in place: {all:#?}");
+        thread::sleep(Duration::from_millis(100));
+    };
+    // Past its first checkpoints, the agent dies without a word (OOM kill, crash).
+    thread::sleep(Duration::from_millis(2_500));
+    agent.kill()?;
+    let delete: Vec<&str> = ["iptables", "-D"].into_iter().chain(rule).collect();
+    host.exec(&delete)?;
+    ensure!(state.join("open-incident.jsonl").exists(), "no checkpoint of the open incident");
+
+    let agent = Agent::start(&host, &args)?;
+    let all = incidents(&agent)?;
+    println!("{}", serde_json::to_string_pretty(&all)?);
+    let recovered = all.iter().find(|i| i["id"] == open["id"]).context("the open incident was lost")?;
+    ensure!(recovered["active"] == false, "{recovered:#}");
+    let reason = recovered["close_reason"].as_str().unwrap_or_default();
+    ensure!(reason.contains("killed or crashed"), "{recovered:#}");
+    let lost = recovered["totals"]["lost_packets"].as_u64().unwrap_or(0);
+    ensure!(lost >= 2 * RATE, "lost {lost}: less than the 2.5 s checkpointed: {recovered:#}");
+    ensure!(!state.join("open-incident.jsonl").exists(), "the checkpoint was not consumed");
+    let metrics = agent.metrics()?;
+    ensure!(metrics.value("datapath_incident_store_up", &[]) == 1.0, "{}", metrics.text);
+    ensure!(metrics.value("datapath_incident_store_errors_total", &[]) == 0.0, "{}", metrics.text);
+    stream.stop()?;
+    Ok(())
+}
+
 /// Unanswered packets the agent counted on `veth` in `direction`.
 fn unanswered(metrics: &datapath_monitor_tests::Metrics, veth: &str, direction: &str) -> f64 {
     metrics.value("datapath_unanswered_packets_total", &[("interface", veth), ("direction", direction)])

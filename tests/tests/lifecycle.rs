@@ -118,6 +118,11 @@ fn cni_config_changes_give_exact_events_and_gauges() -> Result<()> {
     let ours = recent.iter().filter(|e| e["subject"].as_str().is_some_and(|s| under(&cni.path)(s))).count();
     ensure!(ours == 2, "since {since}: {body}");
     ensure!(agent.get("/api/v1/events?since=yesterday")?.0 == 400, "a bad since is a client error");
+    // Paged: `limit` events at most, from `since` on; a limit out of bounds is a client error.
+    let (status, body) = agent.get(&format!("/api/v1/events?since={}&limit=1", since.replace('+', "%2B")))?;
+    let page: Vec<serde_json::Value> = serde_json::from_str(&body)?;
+    ensure!(status == 200 && page.len() == 1 && page[0]["at"] == events[5].at.as_str(), "{status} {body}");
+    ensure!(agent.get("/api/v1/events?limit=0")?.0 == 400 && agent.get("/api/v1/incidents?limit=1001")?.0 == 400);
     for (file, change, count) in [
         ("10-a.conflist", "added", 1.0),
         ("10-a.conflist", "changed", 1.0),
@@ -140,6 +145,75 @@ fn cni_config_changes_give_exact_events_and_gauges() -> Result<()> {
         m.value("datapath_cni_default_network_present", &[("dir", &later_str)]) == 1.0
     })?;
     println!("events:\n{}", serde_json::to_string_pretty(&agent.get_json("/api/v1/events")?).unwrap_or_default());
+    Ok(())
+}
+
+/// `fs.inotify.max_user_watches` set for a test, restored when dropped (even on failure).
+struct InotifyWatchLimit(String);
+
+impl InotifyWatchLimit {
+    const PATH: &str = "/proc/sys/fs/inotify/max_user_watches";
+
+    fn set(limit: u32) -> Result<Self> {
+        let before = fs::read_to_string(Self::PATH)?.trim().to_string();
+        fs::write(Self::PATH, limit.to_string())?;
+        Ok(Self(before))
+    }
+}
+
+impl Drop for InotifyWatchLimit {
+    fn drop(&mut self) {
+        let _ = fs::write(Self::PATH, &self.0);
+    }
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn a_cni_dir_that_cannot_be_watched_is_reported_down_and_followed_once_it_can() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmtl")?;
+    let parent = TempDir::new("dmnowatch")?;
+    let cache = TempDir::new("dmcache")?;
+    let dir = parent.join("net.d");
+    let (dir_str, cache_str) = (dir.display().to_string(), cache.display());
+    let agent = Agent::start(&host, &lifecycle_args(&[&dir_str], &cache_str, "dm-none"))?;
+    let source = |m: &datapath_monitor_tests::Metrics| m.value("datapath_source_up", &[("source", "cni_config")]);
+    agent.wait_metrics("every source up", |m| {
+        ["link_watch", "cni_config", "cni_cache", "sdn_processes"]
+            .iter()
+            .all(|s| m.value("datapath_source_up", &[("source", s)]) == 1.0)
+    })?;
+
+    // The node's inotify watches are used up (ENOSPC) when the dir appears: it cannot be watched.
+    let limit = InotifyWatchLimit::set(1)?;
+    fs::create_dir(&dir)?;
+    agent.wait_metrics("cni_config down", |m| source(m) == 0.0)?;
+    let (status, body) = agent.get("/readyz")?;
+    let ready: serde_json::Value = serde_json::from_str(&body)?;
+    ensure!(status == 200 && ready["degraded"] == serde_json::json!(["cni_config"]), "{status} {body}");
+    let error = ready["sources"]["cni_config"]["error"].as_str().unwrap_or_default();
+    ensure!(error.contains(&dir_str) && error.contains("No space left on device"), "{body}");
+    let binary = agent_binary()?;
+    let status = host.exec(&[binary.to_str().context("path")?, "status"])?;
+    ensure!(status.contains("DEGRADED: source cni_config is down"), "{status}");
+    // Written while the dir is not watched: not seen yet.
+    let file = dir.join("10-sdn.conflist");
+    fs::write(&file, VALID_CONFLIST)?;
+    settle();
+    ensure!(agent.events(under(&file))?.is_empty(), "seen without a watch?");
+
+    // Watches free again: the retry watches the dir, rescans it and finds the file.
+    drop(limit);
+    let events = agent.wait_events("the file, after the retry", under(&dir), |e| e.len() >= 2)?;
+    assert_eq!(kinds(&events), [pair("cni_config_added", &file), pair("cni_default_network_restored", &file)]);
+    let metrics = agent.wait_metrics("cni_config up", |m| source(m) == 1.0)?;
+    ensure!(metrics.value("datapath_source_failures_total", &[("source", "cni_config")]) == 1.0, "{}", metrics.text);
+    let (_, body) = agent.get("/readyz")?;
+    ensure!(serde_json::from_str::<serde_json::Value>(&body)?["degraded"] == serde_json::json!([]), "{body}");
+    // And followed from now on.
+    fs::remove_file(&file)?;
+    let events = agent.wait_events("removed", under(&dir), |e| e.len() >= 4)?;
+    ensure!(events[2].kind == "cni_config_removed" && events[3].kind == "cni_default_network_missing", "{events:#?}");
     Ok(())
 }
 

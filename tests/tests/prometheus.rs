@@ -16,13 +16,15 @@ use anyhow::{Context as _, Result, bail, ensure};
 use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, UdpStream, http_get_port, require_root, unique};
 use serde_json::Value;
 
-/// The five alerts, as named in the manifests, the runbooks and the dashboard.
-const ALERTS: [&str; 5] = [
+/// The seven alerts, as named in the manifests, the runbooks and the dashboard.
+const ALERTS: [&str; 7] = [
     "DatapathDisruptionInProgress",
     "DatapathDisruptionsRecurring",
     "DatapathSDNProcessRestarting",
     "DatapathCNIDefaultNetworkMissing",
     "DatapathMonitorDown",
+    "DatapathMonitorSourceDown",
+    "DatapathMonitorKernelMapFull",
 ];
 const RUNBOOK_BASE: &str = "https://github.com/datapath-monitor/datapath-monitor/blob/main/deploy/README.md#";
 const PROMETHEUS_PORT: u16 = 9090;

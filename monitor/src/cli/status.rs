@@ -12,6 +12,12 @@ pub fn render_status(server: &str, ready: &Value, interfaces: &Value, lifecycle:
     let attached = ready["interfaces_attached"].as_u64().unwrap_or(0);
     let state = if ready["ready"].as_bool() == Some(true) { "ready" } else { "NOT READY" };
     let _ = writeln!(out, "agent {server}: {state}, {attached} interfaces attached");
+    if let Some(sources) = ready["sources"].as_object() {
+        for (name, source) in sources.iter().filter(|(_, source)| source["up"].as_bool() == Some(false)) {
+            let why = source["error"].as_str().unwrap_or("unknown");
+            let _ = writeln!(out, "DEGRADED: source {name} is down, restarting ({why})");
+        }
+    }
     if let Some(probes) = ready["probes"]["probes"].as_object() {
         let list: Vec<String> = probes
             .iter()
@@ -124,7 +130,9 @@ mod tests {
     #[test]
     fn status_renders_every_section_and_tolerates_missing_fields() {
         let ready = json!({"ready": true, "interfaces_attached": 1,
-            "probes": {"probes": {"tc": "tcx", "sched_process": null}, "errors": {"sched_process": "no tracefs"}}});
+            "probes": {"probes": {"tc": "tcx", "sched_process": null}, "errors": {"sched_process": "no tracefs"}},
+            "sources": {"link_watch": {"up": true, "error": null, "failures": 0},
+                        "cni_config": {"up": false, "error": "cannot watch /etc/cni/net.d: No space left on device (os error 28)", "failures": 1}}});
         let interfaces = json!([{"interface": "veth1a2b3c4d", "ifindex": 5, "up": true, "attach_mode": "tcx",
             "peer": {"ifindex": 2, "netns": 4026532301u64}, "pod_namespace": "openshift-apiserver",
             "pod": "apiserver-zg25k", "ips": ["10.129.0.43/23"]}]);
@@ -147,6 +155,7 @@ mod tests {
             "pid 1234",
             "killed by SIGTERM",
             "cni_config_removed",
+            "DEGRADED: source cni_config is down, restarting (cannot watch /etc/cni/net.d: No space left on device",
         ] {
             assert!(out.contains(needle), "{needle:?} missing from:\n{out}");
         }

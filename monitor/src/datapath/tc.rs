@@ -15,7 +15,7 @@ use monitor_common::{
     INTERFACE_COUNTERS_MAP, INTERFACE_SLOTS_MAP, INTERFACE_SLOTS_MAX, InterfaceCounters, InterfaceSlot,
     TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM,
 };
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{AttachMode, Datapath, DatapathError, per_cpu, probes::TC_PROBE, program_mut, sum};
 use crate::errors;
@@ -114,6 +114,17 @@ impl Datapath {
         // Kernels before 6.6 have no tcx: fall back to a clsact qdisc.
         if let Err(error) = tc::qdisc_add_clsact(interface) {
             debug!(interface, %error, "clsact qdisc not added (usually: already there)");
+        }
+        // A tcx link goes with its agent; a clsact filter stays when the agent is killed
+        // (SIGKILL, OOM, a crash) and runs the dead agent's program for ever. Filters of this
+        // program's name on this interface are such leftovers (this agent attaches once per
+        // interface): removed before attaching, so that each interface runs it exactly once.
+        match tc::qdisc_detach_program(interface, attach_type, program_name) {
+            Ok(()) => {
+                info!(interface, program = program_name, "removed a tc filter a previous agent left behind");
+            }
+            Err(tc::TcError::IoError(error)) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => debug!(interface, error = %errors::chain(&error), "looking for leftover tc filters"),
         }
         let options = TcAttachOptions::Netlink(NlOptions::default());
         match program.attach_with_options(interface, attach_type, options) {

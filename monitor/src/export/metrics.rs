@@ -16,10 +16,11 @@
 //! - the lifecycle state: `datapath_cni_default_network_present`,
 //!   `datapath_cni_config_changes_total`, `datapath_sdn_process_running`,
 //!   `datapath_sdn_process_restarts_total`, `datapath_lifecycle_events_total`,
-//!   `datapath_cni_cache_files_skipped_total`;
+//!   `datapath_cni_cache_files_skipped_total`, `datapath_source_up`, `datapath_source_failures_total`;
 //! - the incident engine: `datapath_incidents_total`, `datapath_incident_lost_packets_total`,
 //!   `datapath_incident_active`,
-//!   `datapath_incident_duration_seconds`.
+//!   `datapath_incident_duration_seconds`; the incident history: `datapath_incident_store_up`,
+//!   `datapath_incident_store_errors_total`.
 
 use std::sync::Arc;
 
@@ -32,7 +33,7 @@ use prometheus_client::{
 
 use crate::{
     datapath::probes::RETRANSMIT_PROBE,
-    incidents::engine::SharedEngine,
+    incidents::{engine::SharedEngine, history::IncidentHistory},
     lifecycle::{Lifecycle, cni::CniDirSnapshot, pods::PodIndex},
     sampling::sampler::{LatestSample, OTHER_INTERFACE, map_error_name},
     sync,
@@ -45,11 +46,16 @@ pub struct Metrics {
 
 impl Metrics {
     /// Every family: from the latest sample, the lifecycle state and the incident engine.
-    pub fn new(sample: Arc<LatestSample>, lifecycle: Arc<Lifecycle>, engine: SharedEngine) -> Self {
+    pub fn new(
+        sample: Arc<LatestSample>,
+        lifecycle: Arc<Lifecycle>,
+        engine: SharedEngine,
+        history: Arc<IncidentHistory>,
+    ) -> Self {
         Self::of(vec![
             Box::new(SampleCollector { sample }),
             Box::new(LifecycleCollector(lifecycle)),
-            Box::new(IncidentCollector(engine)),
+            Box::new(IncidentCollector(engine, history)),
         ])
     }
 
@@ -365,12 +371,26 @@ impl Collector for LifecycleCollector {
             "CNI result cache files that could not be read or parsed (pod names unknown for them).",
             std::iter::once((Labels::new(), skipped)),
         )?;
+        let sources = self.0.sources.snapshot();
+        gauge(
+            &mut encoder,
+            "datapath_source_up",
+            "1 while this signal source works (link_watch, cni_config, cni_cache, sdn_processes); 0 while it is \
+             down and restarting: its signal is not seen meanwhile.",
+            sources.iter().map(|(name, state)| (vec![("source", *name)], i64::from(state.up))),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_source_failures",
+            "Times this signal source failed since the agent started.",
+            sources.iter().map(|(name, state)| (vec![("source", *name)], state.failures)),
+        )?;
         Ok(())
     }
 }
 
-/// The incident families, from the engine at each scrape.
-struct IncidentCollector(SharedEngine);
+/// The incident families, from the engine and the history at each scrape.
+struct IncidentCollector(SharedEngine, Arc<IncidentHistory>);
 
 impl std::fmt::Debug for IncidentCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -423,6 +443,19 @@ impl Collector for IncidentCollector {
                 let labels: Labels = vec![("cause", cause.as_str())];
                 (labels, histogram.clone())
             }),
+        )?;
+        gauge(
+            &mut encoder,
+            "datapath_incident_store_up",
+            "1 while incidents are kept across restarts in the state dir, 0 when it could not be opened.",
+            std::iter::once((Labels::new(), i64::from(self.1.kept()))),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_incident_store_errors",
+            "Writes of the incident history (closed incidents, the open one's checkpoint) that failed, and 1 when it \
+             could not be opened at all.",
+            std::iter::once((Labels::new(), self.1.errors())),
         )
     }
 }

@@ -343,8 +343,30 @@ impl IncidentEngine {
         all
     }
 
+    /// One page of [`Self::incidents`]: at most `limit` incidents older than the one with id
+    /// `before` (from the newest when None), and the id to ask `before` next when more remain.
+    /// An unknown `before` (evicted from the history) gives an empty page.
+    pub fn incidents_page(&self, before: Option<&str>, limit: usize) -> (Vec<Incident>, Option<String>) {
+        let open = self.open.as_ref().map(|_| self.render_open());
+        let all = open.iter().chain(self.closed.iter().rev());
+        let mut page: Vec<Incident> = match before {
+            None => all.take(limit.saturating_add(1)).cloned().collect(),
+            Some(before) => all.skip_while(|i| i.id != before).skip(1).take(limit.saturating_add(1)).cloned().collect(),
+        };
+        let next = (page.len() > limit).then(|| {
+            page.truncate(limit);
+            page.last().map(|i| i.id.clone()).unwrap_or_default()
+        });
+        (page, next)
+    }
+
     pub fn active(&self) -> bool {
         self.open.is_some()
+    }
+
+    /// The incident in progress, as `/api/v1/incidents` shows it.
+    pub fn open_incident(&self) -> Option<Incident> {
+        self.open.as_ref().map(|_| self.render_open())
     }
 
     /// Pod veth names remembered for attribution (tests of their forgetting).
@@ -386,5 +408,27 @@ impl IncidentEngine {
         self.count_ended(&incident);
         self.closed.push_back(incident.clone());
         Some(incident)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_go_from_the_newest_to_the_oldest_each_incident_once() {
+        let past: Vec<Incident> = (1..=5).map(|n| Incident { id: format!("i{n}"), ..Incident::default() }).collect();
+        let engine = IncidentEngine::new(EngineConfig::default(), Arc::new(Timeline::new(10)), past);
+        let ids = |page: &[Incident]| page.iter().map(|i| i.id.as_str()).collect::<Vec<_>>().join(",");
+        let (first, next) = engine.incidents_page(None, 2);
+        assert_eq!((ids(&first).as_str(), next.as_deref()), ("i5,i4", Some("i4")));
+        let (second, next) = engine.incidents_page(Some("i4"), 2);
+        assert_eq!((ids(&second).as_str(), next.as_deref()), ("i3,i2", Some("i2")));
+        let (last, next) = engine.incidents_page(Some("i2"), 2);
+        assert_eq!((ids(&last).as_str(), next), ("i1", None));
+        // Exactly one page's worth: no next page.
+        assert_eq!(engine.incidents_page(None, 5).1, None);
+        // An id no longer kept: nothing older can be told.
+        assert!(engine.incidents_page(Some("gone"), 2).0.is_empty());
     }
 }

@@ -5,6 +5,7 @@
 pub mod attribution;
 pub mod detection;
 pub mod engine;
+pub mod history;
 pub mod message;
 pub mod record;
 #[cfg(test)]

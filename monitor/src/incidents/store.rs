@@ -13,13 +13,12 @@ use std::{
     io::{self, BufRead as _, BufReader, Read as _, Seek as _, SeekFrom, Write as _},
     os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
-    sync::Mutex,
 };
 
 use anyhow::Context as _;
-use tracing::{info, warn};
+use tracing::warn;
 
-use crate::{errors, incidents::record::Incident, sync};
+use crate::incidents::record::Incident;
 
 /// The file name of the current history file inside the state dir.
 pub const FILE_NAME: &str = "incidents.jsonl";
@@ -35,49 +34,6 @@ pub struct LoadReport {
     pub incidents: Vec<Incident>,
     /// Lines that were not an incident (torn by a crash, garbage), skipped.
     pub skipped_lines: u64,
-}
-
-/// The incident history of a running agent: its [`IncidentStore`] when the state dir can be
-/// used, else nothing kept across restarts (logged once, not fatal).
-pub struct IncidentHistory {
-    store: Mutex<Option<IncidentStore>>,
-}
-
-impl IncidentHistory {
-    /// Opens the history in `state_dir` and reads back at most `keep` of its most recent
-    /// incidents, oldest first.
-    pub fn open(state_dir: &Path, keep: usize) -> (Self, Vec<Incident>) {
-        let (store, incidents) = match IncidentStore::open(state_dir, DEFAULT_MAX_BYTES) {
-            Ok(store) => {
-                let loaded = store.load(keep);
-                info!(
-                    path = %store.path().display(),
-                    incidents = loaded.incidents.len(),
-                    skipped_lines = loaded.skipped_lines,
-                    "incident history read back"
-                );
-                (Some(store), loaded.incidents)
-            }
-            Err(error) => {
-                warn!(error = %errors::chain(error.as_ref()), "incident history is not kept across restarts");
-                (None, Vec::new())
-            }
-        };
-        (Self { store: Mutex::new(store) }, incidents)
-    }
-
-    /// Appends a closed incident, when the history is kept; a failed write is logged.
-    pub fn persist(&self, incident: &Incident) {
-        if let Some(store) = sync::lock(&self.store).as_mut()
-            && let Err(error) = store.append(incident)
-        {
-            warn!(
-                id = incident.id,
-                error = %errors::chain(error.as_ref()),
-                "could not write the incident to the state dir"
-            );
-        }
-    }
 }
 
 /// The append-only incident history file of one agent (single writer).
