@@ -603,6 +603,8 @@ fn metrics_are_valid_openmetrics_with_every_family() -> Result<()> {
         "datapath_tcp_handshakes_answered",
         "datapath_unanswered_packets",
         "datapath_interfaces_attached",
+        "datapath_tc_programs_removed",
+        "datapath_tc_reattach_failures",
         "datapath_bpf_program_runs",
         "datapath_bpf_program_run_seconds",
         "datapath_probe_loaded",
@@ -765,5 +767,114 @@ fn an_agent_killed_on_clsact_leaves_filters_its_successor_replaces_exactly_once(
     drop(listener);
     drop(second);
     ensure!(filters()? == [0, 0], "a clean stop leaves nothing: {:?}", filters()?);
+    Ok(())
+}
+
+/// Removes the agent's ingress program from `veth` behind its back: `tc filter del` on
+/// clsact, `bpftool link detach` of the tc_ingress tcx link (the only interface it watches).
+fn remove_ingress_program(host: &Netns, veth: &str, mode: &str) -> Result<()> {
+    if mode == "clsact" {
+        host.exec(&["tc", "filter", "del", "dev", veth, "ingress"])?;
+        return Ok(());
+    }
+    let programs: serde_json::Value = serde_json::from_str(&sh(&["bpftool", "-j", "prog", "show", "name", "tc_ingress"])?)?;
+    let programs = if programs.is_array() { programs } else { serde_json::Value::Array(vec![programs]) };
+    let ids: Vec<u64> = programs.as_array().into_iter().flatten().filter_map(|p| p["id"].as_u64()).collect();
+    let links: serde_json::Value = serde_json::from_str(&sh(&["bpftool", "-j", "link", "show"])?)?;
+    let ours: Vec<u64> = links
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|link| link["prog_id"].as_u64().is_some_and(|id| ids.contains(&id)))
+        .filter_map(|link| link["id"].as_u64())
+        .collect();
+    ensure!(ours.len() == 1, "one tc_ingress link (programs {ids:?}): {links:#}");
+    sh(&["bpftool", "link", "detach", "id", &ours[0].to_string()])?;
+    Ok(())
+}
+
+/// The agent's attachments per direction: bpf filters on `veth` (clsact), or the ids of the
+/// tcx links of its programs (bpftool before 7.3 shows no tcx ifindex; the agent watches
+/// only `veth`).
+fn attachments(host: &Netns, veth: &str, mode: &str) -> Result<[Vec<u64>; 2]> {
+    if mode == "clsact" {
+        let count = |direction| -> Result<Vec<u64>> { Ok(vec![0; bpf_filters(host, veth, direction)?]) };
+        return Ok([count("ingress")?, count("egress")?]);
+    }
+    let links: serde_json::Value = serde_json::from_str(&sh(&["bpftool", "-j", "link", "show"])?)?;
+    let of = |name: &str| -> Result<Vec<u64>> {
+        // bpftool fails when no program has the name (the agent has stopped): none, no links.
+        let Ok(listing) = sh(&["bpftool", "-j", "prog", "show", "name", name]) else { return Ok(Vec::new()) };
+        let programs: serde_json::Value = serde_json::from_str(&listing)?;
+        let programs = if programs.is_array() { programs } else { serde_json::Value::Array(vec![programs]) };
+        let ids: Vec<u64> = programs.as_array().into_iter().flatten().filter_map(|p| p["id"].as_u64()).collect();
+        Ok(links
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|link| link["prog_id"].as_u64().is_some_and(|id| ids.contains(&id)))
+            .filter_map(|link| link["id"].as_u64())
+            .collect())
+    };
+    Ok([of("tc_ingress")?, of("tc_egress")?])
+}
+
+fn counts(attachments: &[Vec<u64>; 2]) -> [usize; 2] {
+    [attachments[0].len(), attachments[1].len()]
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn a_tc_program_someone_removes_is_attached_again_and_counting_goes_on() -> Result<()> {
+    require_root();
+    let mode = expected_tc_attach()?;
+    reattach(&[], mode, 21)?;
+    if mode == "tcx" {
+        reattach(&["--tc-attach", "clsact"], "clsact", 22)?;
+    }
+    Ok(())
+}
+
+fn reattach(args: &[&str], mode: &str, subnet: u8) -> Result<()> {
+    let host = Netns::new("dmtr")?;
+    let pod = Pod::new(&host, subnet)?;
+    let agent = Agent::start(&host, args)?;
+    let labels = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    let port = 5000 + u16::from(subnet);
+    let listener = host.run(move || UdpSocket::bind(("0.0.0.0", port)))??;
+    send_udp(&pod.ns, addr(&pod.host_ip, port), 10)?;
+    agent.wait_metrics("the first datagrams", |m| m.value("datapath_packets_total", &labels) >= 10.0)?;
+    let before = attachments(&host, &pod.veth, mode)?;
+    ensure!(counts(&before) == [1, 1], "{mode}: {before:?}");
+
+    remove_ingress_program(&host, &pod.veth, mode)?;
+    if mode == "clsact" {
+        ensure!(counts(&attachments(&host, &pod.veth, mode)?)[0] == 0, "clsact: ingress filter still there");
+    }
+    let removed = Instant::now();
+    // The agent checks every 5 s.
+    agent.wait_metrics("the removal found", |m| m.value("datapath_tc_programs_removed_total", &[]) >= 1.0)?;
+    println!("{mode}: ingress program re-attached {:?} after its removal", removed.elapsed());
+    let after = attachments(&host, &pod.veth, mode)?;
+    ensure!(counts(&after) == [1, 1], "{mode}: {after:?}");
+    if mode == "tcx" {
+        // A new ingress link in place of the detached one (closed by the agent); egress untouched.
+        ensure!(after[0] != before[0] && after[1] == before[1], "tcx links before {before:?}, after {after:?}");
+    }
+    let log = agent.log_text();
+    ensure!(log.contains("the agent's tc program was removed from the interface"), "{log}");
+    ensure!(log.contains("the agent's tc program is attached again"), "{log}");
+
+    // Counting goes on where it stopped: the same series, no reset.
+    send_udp(&pod.ns, addr(&pod.host_ip, port), 15)?;
+    agent.wait_metrics("the later datagrams", |m| m.value("datapath_packets_total", &labels) >= 25.0)?;
+    settle();
+    let metrics = agent.metrics()?;
+    ensure!(metrics.value("datapath_packets_total", &labels) == 25.0, "10 before the removal, 15 after");
+    ensure!(metrics.value("datapath_tc_programs_removed_total", &[]) == 1.0, "found once");
+    ensure!(metrics.value("datapath_tc_reattach_failures_total", &[]) == 0.0);
+    drop(listener);
+    drop(agent);
+    ensure!(counts(&attachments(&host, &pod.veth, mode)?) == [0, 0], "{mode}: a clean stop leaves nothing");
     Ok(())
 }

@@ -7,6 +7,7 @@
 //!
 //! The one place that talks to aya: everything downstream sees plain counters and events.
 
+mod attachments;
 pub mod kernel_layout;
 pub mod mounts;
 mod pod_addresses;
@@ -38,6 +39,7 @@ use monitor_common::{
 };
 use tracing::{debug, info, warn};
 
+pub use self::attachments::Reattachment;
 pub use self::pod_addresses::pod_address;
 pub use self::probes::{AttachMode, DropTracerChoice, ProbeReport, TcAttachChoice};
 use self::{
@@ -123,6 +125,8 @@ pub struct Datapath {
     retransmits: PerCpuHashMap<MapData, RetransmitKey, u64>,
     map_errors: PerCpuArray<MapData, u64>,
     attached: BTreeMap<u32, AttachedInterface>,
+    /// The kernel's ids of the two tc programs, to recognise them on an interface.
+    program_ids: BTreeMap<&'static str, u32>,
     /// None until the first attach tells whether tcx works here.
     tc_mode: Option<AttachMode>,
     /// Set by the operator: no fallback to the other mode.
@@ -195,9 +199,16 @@ impl Datapath {
             .map_err(Box::new)?;
 
         let mut probes = ProbeReport::default();
+        let mut program_ids = BTreeMap::new();
         for name in [TC_INGRESS_PROGRAM, TC_EGRESS_PROGRAM] {
             let program: &mut SchedClassifier = program_mut(&mut ebpf, name)?;
             program.load().map_err(|source| DatapathError::Program { name, source: Box::new(source) })?;
+            match program.info() {
+                Ok(info) => {
+                    program_ids.insert(name, info.id());
+                }
+                Err(error) => warn!(program = name, %error, "program id unknown; its attachments are not verified"),
+            }
         }
         // Becomes "tcx" or "clsact" at the first attach.
         probes.probes.insert(TC_PROBE, Some("loaded".into()));
@@ -258,6 +269,7 @@ impl Datapath {
             retransmits,
             map_errors,
             attached: BTreeMap::new(),
+            program_ids,
             tc_mode: match options.tc_attach {
                 TcAttachChoice::Auto => None,
                 TcAttachChoice::Tcx => Some(AttachMode::Tcx),

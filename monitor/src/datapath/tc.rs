@@ -22,9 +22,11 @@ use crate::errors;
 
 /// The tc programs' links on one interface.
 pub(super) struct AttachedInterface {
-    name: String,
-    links: Vec<(&'static str, SchedClassifierLinkId)>,
-    mode: AttachMode,
+    pub(super) name: String,
+    pub(super) links: Vec<(&'static str, SchedClassifierLinkId)>,
+    /// Programs found removed whose attach again failed: tried at the next check.
+    pub(super) pending: Vec<&'static str>,
+    pub(super) mode: AttachMode,
     /// Its counters live in slot `ifindex % INTERFACE_SLOTS_MAX` of INTERFACE_SLOTS (else in
     /// INTERFACE_COUNTERS, when another attached interface holds that slot).
     slot: bool,
@@ -71,11 +73,11 @@ impl Datapath {
         }
         let mode = self.tc_mode.unwrap_or(mode);
         self.probes.probes.insert(TC_PROBE, Some(format!("{mode:?}").to_lowercase()));
-        self.attached.insert(ifindex, AttachedInterface { name: name.to_string(), links, mode, slot });
+        self.attached.insert(ifindex, AttachedInterface { name: name.to_string(), links, pending: Vec::new(), mode, slot });
         Ok(mode)
     }
 
-    fn attach_one(
+    pub(super) fn attach_one(
         &mut self,
         program_name: &'static str,
         interface: &str,

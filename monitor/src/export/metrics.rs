@@ -265,6 +265,18 @@ impl Collector for SampleCollector {
         )?;
         counter(
             &mut encoder,
+            "datapath_tc_programs_removed",
+            "tc programs found removed from a watched interface by someone else, each attached again.",
+            std::iter::once((Labels::new(), sample.tc_programs_removed)),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_tc_reattach_failures",
+            "Attempts to attach a removed tc program again that failed (retried every 5 s).",
+            std::iter::once((Labels::new(), sample.tc_reattach_failures)),
+        )?;
+        counter(
+            &mut encoder,
             "datapath_bpf_program_runs",
             "Runs of each kernel program (kernel BPF statistics).",
             sample.programs.iter().map(|p| (vec![("program", p.program)], p.runs)),

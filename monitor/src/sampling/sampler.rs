@@ -61,6 +61,10 @@ pub struct Sample {
     pub programs: Vec<ProgramRunStats>,
     pub map_errors: [u64; MAP_ERROR_SLOTS as usize],
     pub attached: usize,
+    /// tc programs found removed from an interface by someone else (each attached again),
+    /// and attempts to attach them again that failed, since start.
+    pub tc_programs_removed: u64,
+    pub tc_reattach_failures: u64,
     pub probes: ProbeReport,
     /// OVS kernel datapaths' own counters (`ovs-dpctl show`); whether they could be read is
     /// the probe [`OVS_DP_STATS_PROBE`].
@@ -161,6 +165,10 @@ pub struct Sampler {
     /// The OVS datapaths' counters as last read (by the sampling task, outside this lock).
     ovs_datapaths: Vec<OvsDatapathStats>,
     ovs_datapaths_state: OvsDatapathsState,
+    /// When the attachments were last verified, and what the checks found.
+    attachments_checked: Instant,
+    tc_programs_removed: u64,
+    tc_reattach_failures: u64,
 }
 
 /// The probe name under which the OVS datapaths' own counters are reported.
@@ -168,6 +176,10 @@ pub const OVS_DP_STATS_PROBE: &str = "ovs_dp_stats";
 
 /// How often the OVS upcall tracer is tried again while openvswitch.ko is absent.
 const UPCALL_RETRY: Duration = Duration::from_secs(10);
+
+/// How often the kernel is asked whether the tc programs still run on every attached
+/// interface (two cheap syscalls per interface).
+const ATTACHMENT_CHECK: Duration = Duration::from_secs(5);
 
 impl Sampler {
     pub fn new(datapath: Datapath, own_netns: u64, grace: Duration) -> Self {
@@ -189,6 +201,9 @@ impl Sampler {
             upcalls_tried: Instant::now(),
             ovs_datapaths: Vec::new(),
             ovs_datapaths_state: OvsDatapathsState::NoModule,
+            attachments_checked: Instant::now(),
+            tc_programs_removed: 0,
+            tc_reattach_failures: 0,
         }
     }
 
@@ -452,6 +467,15 @@ impl Sampler {
                 }
             }
         }
+        if now.duration_since(self.attachments_checked) >= ATTACHMENT_CHECK {
+            self.attachments_checked = now;
+            for reattachment in self.datapath.verify_attachments() {
+                match reattachment.error {
+                    None => self.tc_programs_removed += 1,
+                    Some(_) => self.tc_reattach_failures += 1,
+                }
+            }
+        }
         let owners = self.retransmit_owners();
         self.sync_pods(&owners);
         let mut kernel = self.datapath.read();
@@ -492,6 +516,8 @@ impl Sampler {
             programs: kernel.programs,
             map_errors: kernel.map_errors,
             attached: self.datapath.attached_count(),
+            tc_programs_removed: self.tc_programs_removed,
+            tc_reattach_failures: self.tc_reattach_failures,
             probes: self.probes(),
             ovs_datapaths: self.ovs_datapaths.clone(),
         }
