@@ -92,7 +92,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let engine: SharedEngine =
         Arc::new(Mutex::new(IncidentEngine::new(config.engine_config(), Arc::clone(&timeline), past_incidents)));
 
-    let mut sampler = Sampler::new(datapath, own_netns, config.removed_interface_grace());
+    let mut sampler = Sampler::new(datapath, own_netns, config.removed_interface_grace(), config.kernel_entry_idle());
     sampler.set_pod_source(pods);
     let sampler = Arc::new(Mutex::new(sampler));
 

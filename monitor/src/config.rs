@@ -78,6 +78,10 @@ pub struct RunArgs {
     /// How long series of a removed interface stay exported.
     #[arg(long, env = "DATAPATH_MONITOR_REMOVED_INTERFACE_GRACE_SECONDS")]
     pub removed_interface_grace_seconds: Option<u64>,
+    /// Seconds without an increment after which a kernel drop or retransmit entry that no
+    /// watched interface owns (a deleted namespace's or device's) is folded into "other" and removed.
+    #[arg(long, env = "DATAPATH_MONITOR_KERNEL_ENTRY_IDLE_SECONDS")]
+    pub kernel_entry_idle_seconds: Option<u64>,
     /// How often the kernel counters are read.
     #[arg(long, env = "DATAPATH_MONITOR_SAMPLE_INTERVAL_MS")]
     pub sample_interval_ms: Option<u64>,
@@ -138,6 +142,7 @@ pub struct Config {
     pub state_dir: PathBuf,
     pub log_format: LogFormat,
     pub removed_interface_grace_seconds: u64,
+    pub kernel_entry_idle_seconds: u64,
     pub sample_interval_ms: u64,
     pub process_restart_window_seconds: u64,
     pub event_capacity: usize,
@@ -180,6 +185,7 @@ impl Default for Config {
             state_dir: PathBuf::from("/var/lib/datapath-monitor"),
             log_format: LogFormat::Text,
             removed_interface_grace_seconds: 300,
+            kernel_entry_idle_seconds: 300,
             sample_interval_ms: 250,
             process_restart_window_seconds: 60,
             event_capacity: 10_000,
@@ -247,6 +253,7 @@ impl Config {
             state_dir,
             log_format,
             removed_interface_grace_seconds,
+            kernel_entry_idle_seconds,
             sample_interval_ms,
             process_restart_window_seconds,
             event_capacity,
@@ -282,7 +289,7 @@ impl Config {
         }
         // Globs are compiled here too, so that `--dry-run` rejects what `run` would.
         crate::sampling::InterfaceFilter::new(&self.interfaces, &self.exclude).map_err(ConfigError::Globs)?;
-        let ranges: [(&'static str, u64, std::ops::RangeInclusive<u64>, &'static str); 8] = [
+        let ranges: [(&'static str, u64, std::ops::RangeInclusive<u64>, &'static str); 9] = [
             // A day: longer would only keep gone interfaces' series; far longer overflows clocks.
             (
                 "removed_interface_grace_seconds",
@@ -290,6 +297,7 @@ impl Config {
                 0..=86_400,
                 "between 0 and 86400",
             ),
+            ("kernel_entry_idle_seconds", self.kernel_entry_idle_seconds, 10..=86_400, "between 10 and 86400"),
             ("process_restart_window_seconds", self.process_restart_window_seconds, 1..=86_400, "between 1 and 86400"),
             ("incident_floor", self.incident_floor, 1..=1_000_000, "between 1 and 1000000"),
             ("incident_quiet_ms", self.incident_quiet_ms, 250..=600_000, "between 250 and 600000"),
@@ -343,6 +351,10 @@ impl Config {
 
     pub fn removed_interface_grace(&self) -> Duration {
         Duration::from_secs(self.removed_interface_grace_seconds)
+    }
+
+    pub fn kernel_entry_idle(&self) -> Duration {
+        Duration::from_secs(self.kernel_entry_idle_seconds)
     }
 }
 

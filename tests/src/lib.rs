@@ -608,3 +608,21 @@ mod tests {
         assert_eq!(parse_kernel_version("garbage"), None);
     }
 }
+
+/// Payload of the datagrams [`send_udp`] sends.
+pub const UDP_PAYLOAD: usize = 100;
+
+pub fn addr(ip: &str, port: u16) -> std::net::SocketAddr {
+    format!("{ip}:{port}").parse().expect("test address")
+}
+
+/// Sends `count` UDP datagrams of [`UDP_PAYLOAD`] bytes from inside `from` to `to`.
+pub fn send_udp(from: &Netns, to: std::net::SocketAddr, count: usize) -> Result<()> {
+    from.run(move || -> Result<()> {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        for _ in 0..count {
+            socket.send_to(&[0x5a; UDP_PAYLOAD], to)?;
+        }
+        Ok(())
+    })?
+}

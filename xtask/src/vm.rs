@@ -131,6 +131,7 @@ fn exit_with(status: i32) -> anyhow::Result<()> {
 const GUEST_SUITES: &[(&str, &str)] = &[
     ("datapath-monitor", "datapath_monitor"),
     ("datapath-monitor-tests", "datapath"),
+    ("datapath-monitor-tests", "resilience"),
     ("datapath-monitor-tests", "lifecycle"),
     ("datapath-monitor-tests", "incidents"),
     ("datapath-monitor-tests", "ovs_kernel"),

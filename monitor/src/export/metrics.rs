@@ -263,6 +263,18 @@ impl Collector for SampleCollector {
             "Interfaces the tc programs are attached to.",
             std::iter::once((Labels::new(), i64::try_from(sample.attached).unwrap_or(i64::MAX))),
         )?;
+        gauge(
+            &mut encoder,
+            "datapath_bpf_map_entries",
+            "Entries in the kernel's counter maps.",
+            sample.map_entries.iter().map(|(map, n)| (vec![("map", *map)], i64::try_from(*n).unwrap_or(i64::MAX))),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_bpf_map_entries_collected",
+            "Idle kernel entries no watched interface owns (deleted namespaces, vanished devices), folded into other and removed.",
+            sample.entries_collected.iter().map(|(map, n)| (vec![("map", *map)], *n)),
+        )?;
         counter(
             &mut encoder,
             "datapath_tc_programs_removed",

@@ -5,6 +5,7 @@
 //! own counters ([`ovs_datapaths`]).
 
 pub mod filter;
+mod idle_entries;
 pub mod link_watch;
 pub mod links;
 pub mod netns;

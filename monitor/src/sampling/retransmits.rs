@@ -93,6 +93,16 @@ impl RetransmitAttribution {
         self.keys.iter().filter(|(_, (owner, _))| *owner == Some(host)).map(|(key, _)| *key).collect()
     }
 
+    /// Keys removed from the kernel as idle (see `idle_entries`), with their final counts:
+    /// what they were credited stays with their owner.
+    pub fn fold(&mut self, idle: &[(RetransmitKey, u64)]) {
+        for (key, count) in idle {
+            if let Some((owner, base)) = self.keys.remove(key) {
+                *self.carried.entry(owner).or_default() += count.saturating_sub(base);
+            }
+        }
+    }
+
     /// `host` is gone and its final total taken: its keys (removed from the kernel by the
     /// caller) and carried counts are forgotten.
     pub fn retire(&mut self, host: u32, keys: &[RetransmitKey]) {

@@ -4,20 +4,24 @@
 //! final counts for a grace period so its last increments are not lost.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant, SystemTime},
 };
 
-use monitor_common::{DROP_REASON_UNKNOWN, DropKey, InterfaceCounters, MAP_ERROR_SLOTS};
+use monitor_common::{
+    DROP_REASON_UNKNOWN, DROPS_MAP, DropKey, INTERFACE_COUNTERS_MAP, InterfaceCounters, MAP_ERROR_SLOTS, RETRANSMITS_MAP,
+    RetransmitKey,
+};
 use serde::Serialize;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     datapath::{AttachMode, Datapath, ProbeReport, ProgramRunStats},
     errors,
     sampling::{
         LinkEvent, LinkFacts,
+        idle_entries::IdleEntries,
         ovs_datapaths::{OvsDatapathStats, OvsDatapaths, OvsDatapathsState},
         retransmits::{RetransmitAttribution, RetransmitOwners, RetransmitTotals},
         switches::{Switches, link_name},
@@ -65,6 +69,10 @@ pub struct Sample {
     /// and attempts to attach them again that failed, since start.
     pub tc_programs_removed: u64,
     pub tc_reattach_failures: u64,
+    /// Entries in the kernel's counter maps now, by map name.
+    pub map_entries: Vec<(&'static str, u64)>,
+    /// Idle entries nobody owns, folded into "other" and removed, since start, by map name.
+    pub entries_collected: Vec<(&'static str, u64)>,
     pub probes: ProbeReport,
     /// OVS kernel datapaths' own counters (`ovs-dpctl show`); whether they could be read is
     /// the probe [`OVS_DP_STATS_PROBE`].
@@ -169,6 +177,11 @@ pub struct Sampler {
     attachments_checked: Instant,
     tc_programs_removed: u64,
     tc_reattach_failures: u64,
+    /// Kernel entries of devices and namespaces no watched interface owns, by last growth.
+    idle_drops: IdleEntries<DropKey>,
+    idle_retransmits: IdleEntries<RetransmitKey>,
+    drops_collected: u64,
+    retransmits_collected: u64,
 }
 
 /// The probe name under which the OVS datapaths' own counters are reported.
@@ -182,7 +195,7 @@ const UPCALL_RETRY: Duration = Duration::from_secs(10);
 const ATTACHMENT_CHECK: Duration = Duration::from_secs(5);
 
 impl Sampler {
-    pub fn new(datapath: Datapath, own_netns: u64, grace: Duration) -> Self {
+    pub fn new(datapath: Datapath, own_netns: u64, grace: Duration, entry_idle: Duration) -> Self {
         let reason_names = datapath.drop_reason_names().clone();
         Self {
             datapath,
@@ -204,6 +217,10 @@ impl Sampler {
             attachments_checked: Instant::now(),
             tc_programs_removed: 0,
             tc_reattach_failures: 0,
+            idle_drops: IdleEntries::new(entry_idle),
+            idle_retransmits: IdleEntries::new(entry_idle),
+            drops_collected: 0,
+            retransmits_collected: 0,
         }
     }
 
@@ -507,6 +524,12 @@ impl Sampler {
                 *other_drops.entry(reason_name(&self.reason_names, key.reason)).or_default() += other;
             }
         }
+        self.collect_idle_entries(now, &kernel.drops, &kernel.retransmits, &owners);
+        let map_entries = vec![
+            (DROPS_MAP, kernel.drops.len() as u64),
+            (RETRANSMITS_MAP, kernel.retransmits.len() as u64),
+            (INTERFACE_COUNTERS_MAP, kernel.interfaces.len() as u64),
+        ];
         Sample {
             at: Some(SystemTime::now()),
             interfaces,
@@ -518,8 +541,42 @@ impl Sampler {
             attached: self.datapath.attached_count(),
             tc_programs_removed: self.tc_programs_removed,
             tc_reattach_failures: self.tc_reattach_failures,
+            map_entries,
+            entries_collected: vec![(DROPS_MAP, self.drops_collected), (RETRANSMITS_MAP, self.retransmits_collected)],
             probes: self.probes(),
             ovs_datapaths: self.ovs_datapaths.clone(),
+        }
+    }
+
+    /// Drop and retransmit entries no watched interface owns that have not grown for the
+    /// idle time (a deleted namespace's, a vanished device's): their counts are carried in
+    /// "other" (read just now, so the exported totals stay the same) and the entries removed,
+    /// so that such entries cannot fill the maps.
+    fn collect_idle_entries(
+        &mut self,
+        now: Instant,
+        drops: &[(DropKey, u64)],
+        retransmits: &[(RetransmitKey, u64)],
+        owners: &RetransmitOwners,
+    ) {
+        let owned = &self.attribution.owners;
+        let idle = self.idle_drops.observe(now, drops, |key| !owned.contains_key(&(u64::from(key.netns), key.ifindex)));
+        if !idle.is_empty() {
+            for (key, count) in &idle {
+                *self.other_carried.entry(reason_name(&self.reason_names, key.reason)).or_default() += count;
+            }
+            let keys: HashSet<DropKey> = idle.iter().map(|(key, _)| *key).collect();
+            self.datapath.forget_drops(|key| keys.contains(key));
+            self.drops_collected += idle.len() as u64;
+            debug!(entries = idle.len(), "idle drop entries folded into other and removed");
+        }
+        let idle = self.idle_retransmits.observe(now, retransmits, |key| owners.owner(key).is_none());
+        if !idle.is_empty() {
+            self.retransmits.fold(&idle);
+            let keys: HashSet<RetransmitKey> = idle.iter().map(|(key, _)| *key).collect();
+            self.datapath.forget_retransmits(|key| keys.contains(key));
+            self.retransmits_collected += idle.len() as u64;
+            debug!(entries = idle.len(), "idle retransmit entries folded into other and removed");
         }
     }
 
