@@ -230,6 +230,13 @@ pub const MAP_ERROR_RETRANSMITS: u32 = 4;
 pub const MAP_ERROR_POD_ADDRESSES: u32 = 5;
 pub const MAP_ERROR_SLOTS: u32 = 6;
 
+/// Indexes into [`FLOW_TABLE_MAP`] (per-CPU counters of the LRU flow table): handshakes
+/// inserted and entries removed when answered. The agent counts the table's entries; what
+/// was inserted and is neither answered nor still there was evicted.
+pub const FLOW_TABLE_INSERTED: u32 = 0;
+pub const FLOW_TABLE_REMOVED: u32 = 1;
+pub const FLOW_TABLE_SLOTS: u32 = 2;
+
 /// Map names, as the agent looks them up.
 pub const INTERFACE_COUNTERS_MAP: &str = "INTERFACE_COUNTERS";
 pub const INTERFACE_SLOTS_MAP: &str = "INTERFACE_SLOTS";
@@ -237,6 +244,7 @@ pub const FLOWS_MAP: &str = "FLOWS";
 pub const DROPS_MAP: &str = "DROPS";
 pub const CONVERSATIONS_MAP: &str = "CONVERSATIONS";
 pub const MAP_ERRORS_MAP: &str = "MAP_ERRORS";
+pub const FLOW_TABLE_MAP: &str = "FLOW_TABLE";
 pub const SDN_COMMS_MAP: &str = "SDN_COMMS";
 pub const PROCESS_EVENTS_MAP: &str = "PROCESS_EVENTS";
 pub const RETRANSMITS_MAP: &str = "RETRANSMITS";

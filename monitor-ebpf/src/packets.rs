@@ -14,7 +14,7 @@ use aya_ebpf::{
 };
 use monitor_common::{
     AF_INET, AF_INET6, CONVERSATION_NS, CONVERSATIONS_MAX, Conversation, ConversationSide, DirectionCounters,
-    FLOWS_MAX, FlowKey, FlowState, INTERFACE_COUNTERS_MAX, INTERFACE_SLOTS_MAX, InterfaceCounters, InterfaceSlot,
+    FLOW_TABLE_INSERTED, FLOW_TABLE_REMOVED, FLOW_TABLE_SLOTS, FLOWS_MAX, FlowKey, FlowState, INTERFACE_COUNTERS_MAX, INTERFACE_SLOTS_MAX, InterfaceCounters, InterfaceSlot,
     MAP_ERROR_FLOWS_INSERT, MAP_ERROR_INTERFACE_INSERT, MAP_ERROR_SLOTS, STRETCH_COUNTED, STRETCH_EXPECTS_ANSWER,
     SYN_RETRANSMIT_WINDOW_NS, UNANSWERED_AFTER_NS,
 };
@@ -28,6 +28,9 @@ static INTERFACE_SLOTS: PerCpuArray<InterfaceSlot> = PerCpuArray::with_max_entri
 
 #[map(name = "FLOWS")]
 static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(FLOWS_MAX, 0);
+
+#[map(name = "FLOW_TABLE")]
+static FLOW_TABLE: PerCpuArray<u64> = PerCpuArray::with_max_entries(FLOW_TABLE_SLOTS, 0);
 
 #[map(name = "CONVERSATIONS")]
 static CONVERSATIONS: Array<Conversation> = Array::with_max_entries(CONVERSATIONS_MAX, 0);
@@ -342,6 +345,7 @@ fn handshake(
         // A SYN-ACK or a reset answers the handshake the other direction started.
         if FLOWS.remove(reversed(&key)).is_ok() {
             other.syns_answered += 1;
+            count_flow_table(FLOW_TABLE_REMOVED);
         }
     } else {
         syn_seen(&key, u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]), this);
@@ -371,6 +375,15 @@ fn syn_seen(key: &FlowKey, seq: u32, direction: &mut DirectionCounters) {
     let state = FlowState { last_syn_ns: now, syn_seq: seq, syns: 1 };
     if FLOWS.insert(key, state, 0).is_err() {
         count_map_error(MAP_ERROR_FLOWS_INSERT);
+    } else {
+        count_flow_table(FLOW_TABLE_INSERTED);
+    }
+}
+
+fn count_flow_table(slot: u32) {
+    if let Some(counter) = FLOW_TABLE.get_ptr_mut(slot) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { *counter += 1 };
     }
 }
 

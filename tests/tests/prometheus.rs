@@ -16,8 +16,8 @@ use anyhow::{Context as _, Result, bail, ensure};
 use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, UdpStream, http_get_port, require_root, unique};
 use serde_json::Value;
 
-/// The seven alerts, as named in the manifests, the runbooks and the dashboard.
-const ALERTS: [&str; 7] = [
+/// The eight alerts, as named in the manifests, the runbooks and the dashboard.
+const ALERTS: [&str; 8] = [
     "DatapathDisruptionInProgress",
     "DatapathDisruptionsRecurring",
     "DatapathSDNProcessRestarting",
@@ -25,6 +25,7 @@ const ALERTS: [&str; 7] = [
     "DatapathMonitorDown",
     "DatapathMonitorSourceDown",
     "DatapathMonitorKernelMapFull",
+    "DatapathMonitorFlowTableFull",
 ];
 const RUNBOOK_BASE: &str = "https://github.com/datapath-monitor/datapath-monitor/blob/main/deploy/README.md#";
 const PROMETHEUS_PORT: u16 = 9090;

@@ -356,3 +356,80 @@ fn five_hundred_pod_cycles_with_traffic_leave_kernel_state_fds_and_memory_where_
     drop(listener);
     Ok(())
 }
+
+/// Sends a bare TCP SYN from every source port in `sports` to each of `dports` on `to`,
+/// over a raw socket in `from`, with a zero checksum: the receiving kernel drops each one
+/// (TCP_CSUM), so no handshake is ever answered.
+fn unanswered_syns(from: &Netns, to: std::net::Ipv4Addr, sports: std::ops::RangeInclusive<u16>, dports: &[u16]) -> Result<u64> {
+    let dports = dports.to_vec();
+    from.run(move || -> Result<u64> {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: plain socket(2); the fd is owned below.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP) };
+        ensure!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh fd nobody else owns.
+        let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let destination = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(to.octets()) },
+            sin_zero: [0; 8],
+        };
+        let mut sent = 0;
+        for &dport in &dports {
+            for sport in sports.clone() {
+                let mut segment = [0u8; 20];
+                segment[0..2].copy_from_slice(&sport.to_be_bytes());
+                segment[2..4].copy_from_slice(&dport.to_be_bytes());
+                segment[4..8].copy_from_slice(&1000u32.to_be_bytes());
+                segment[12] = 5 << 4;
+                segment[13] = 0x02;
+                segment[14..16].copy_from_slice(&64240u16.to_be_bytes());
+                // SAFETY: a valid buffer and sockaddr_in with their lengths.
+                let result = unsafe {
+                    libc::sendto(
+                        socket.as_raw_fd(),
+                        segment.as_ptr().cast(),
+                        segment.len(),
+                        0,
+                        (&raw const destination).cast(),
+                        size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                    )
+                };
+                ensure!(result == 20, "sendto: {}", std::io::Error::last_os_error());
+                sent += 1;
+            }
+        }
+        Ok(sent)
+    })?
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn a_full_flow_table_counts_the_handshakes_it_evicts() -> Result<()> {
+    require_root();
+    const FLOWS_MAX: f64 = 65_536.0;
+    let host = Netns::new("dmft")?;
+    let pod = Pod::new(&host, 23)?;
+    let agent = Agent::start(&host, &[])?;
+    let to: std::net::Ipv4Addr = pod.host_ip.parse()?;
+    // Twice the table's size in distinct handshakes, none answered.
+    let sent = unanswered_syns(&pod.ns, to, 1..=65_535, &[7001, 7002])?;
+    let labels = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    agent.wait_metrics("every SYN", |m| m.value("datapath_tcp_handshakes_total", &labels) >= sent as f64)?;
+    // Counted every 10 s.
+    let metrics = agent.wait_metrics("the evictions", |m| m.value("datapath_flow_table_evictions_total", &[]) > 0.0)?;
+    let entries = metrics.value("datapath_flow_table_entries", &[]);
+    let evicted = metrics.value("datapath_flow_table_evictions_total", &[]);
+    println!("{sent} handshakes sent: {entries} held, {evicted} evicted");
+    ensure!(metrics.value("datapath_tcp_handshakes_total", &labels) == sent as f64, "each SYN counted once");
+    // A zero checksum is right for about one segment in 65536: the host answers those few
+    // with a reset, which takes them out of the table.
+    let answered = metrics.value("datapath_tcp_handshakes_answered_total", &labels);
+    ensure!(answered <= 10.0, "answered {answered}");
+    ensure!(entries <= FLOWS_MAX && entries > 0.0, "entries {entries}");
+    // What is neither answered nor held was evicted, to the handshake.
+    ensure!(evicted + entries + answered == sent as f64, "{evicted} evicted + {entries} held + {answered} answered != {sent}");
+    ensure!(evicted >= sent as f64 - FLOWS_MAX, "at least the excess over the table's size");
+    Ok(())
+}

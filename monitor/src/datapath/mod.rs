@@ -22,12 +22,13 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    maps::{HashMap as KernelHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues},
     programs::{ProgramError, SchedClassifier},
     sys::{Stats, enable_stats},
 };
 use monitor_common::{
-    DROPS_MAP, DropKey, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_HOST_NETNS,
+    DROPS_MAP, DropKey, FLOW_TABLE_INSERTED, FLOW_TABLE_MAP, FLOW_TABLE_REMOVED, FLOWS_MAP, FlowKey, FlowState,
+    GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_HOST_NETNS,
     GLOBAL_NET_INUM_OFFSET, GLOBAL_NOT_SPECIFIED_REASON, GLOBAL_RETRANSMIT_HAS_ERR, GLOBAL_SK_DADDR_OFFSET,
     GLOBAL_SK_FAMILY_OFFSET, GLOBAL_SK_NET_OFFSET, GLOBAL_SK_STATE_OFFSET, GLOBAL_SK_V6_DADDR_OFFSET,
     GLOBAL_SKB_CB_OFFSET, GLOBAL_SKB_DEV_OFFSET, GLOBAL_SKB_HEAD_OFFSET, GLOBAL_SKB_NETWORK_HEADER_OFFSET,
@@ -117,6 +118,21 @@ pub struct KernelCounters {
     pub map_errors: [u64; MAP_ERROR_SLOTS as usize],
 }
 
+/// The LRU flow table of handshakes awaiting an answer (see [`Datapath::read_flow_table`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowTableState {
+    pub inserted: u64,
+    pub removed: u64,
+    pub entries: u64,
+}
+
+impl FlowTableState {
+    /// Inserted, neither answered nor still held: evicted by the LRU (to make room).
+    pub fn evicted(&self) -> u64 {
+        self.inserted.saturating_sub(self.removed).saturating_sub(self.entries)
+    }
+}
+
 pub struct Datapath {
     ebpf: Ebpf,
     interface_counters: PerCpuHashMap<MapData, u32, InterfaceCounters>,
@@ -124,6 +140,8 @@ pub struct Datapath {
     drops: PerCpuHashMap<MapData, DropKey, u64>,
     retransmits: PerCpuHashMap<MapData, RetransmitKey, u64>,
     map_errors: PerCpuArray<MapData, u64>,
+    flows: KernelHashMap<MapData, FlowKey, FlowState>,
+    flow_table: PerCpuArray<MapData, u64>,
     attached: BTreeMap<u32, AttachedInterface>,
     /// The kernel's ids of the two tc programs, to recognise them on an interface.
     program_ids: BTreeMap<&'static str, u32>,
@@ -255,6 +273,8 @@ impl Datapath {
         let drops = take_map(&mut ebpf, DROPS_MAP)?;
         let retransmits = take_map(&mut ebpf, RETRANSMITS_MAP)?;
         let map_errors = take_map(&mut ebpf, MAP_ERRORS_MAP)?;
+        let flows = take_map(&mut ebpf, FLOWS_MAP)?;
+        let flow_table = take_map(&mut ebpf, FLOW_TABLE_MAP)?;
         let pod_addresses =
             PodAddressMaps::new(take_map(&mut ebpf, POD_ADDRESSES_MAP)?, take_map(&mut ebpf, POD_VETHS_MAP)?);
         let nr_cpus = aya::util::nr_cpus().map_err(|(_, error)| DatapathError::Map {
@@ -268,6 +288,8 @@ impl Datapath {
             drops,
             retransmits,
             map_errors,
+            flows,
+            flow_table,
             attached: BTreeMap::new(),
             program_ids,
             tc_mode: match options.tc_attach {
@@ -354,6 +376,18 @@ impl Datapath {
     /// TCP data retransmit counters by (socket netns, family, destination), summed over CPUs.
     pub fn read_retransmits(&self) -> Vec<(RetransmitKey, u64)> {
         read_summed(&self.retransmits, "retransmit")
+    }
+
+    /// The LRU flow table's state: handshakes inserted and answered (summed over CPUs) and
+    /// the entries it holds now (one syscall per entry: call it seldom).
+    pub fn read_flow_table(&self) -> FlowTableState {
+        let slot = |index: u32| self.flow_table.get(&index, 0).map_or(0, |values| values.iter().sum());
+        // Inserted before the entries are counted, answered after: a handshake inserted or
+        // answered meanwhile can then only lower the evictions computed, never raise them.
+        let inserted = slot(FLOW_TABLE_INSERTED);
+        let entries = self.flows.keys().filter(Result::is_ok).count() as u64;
+        let removed = slot(FLOW_TABLE_REMOVED);
+        FlowTableState { inserted, removed, entries }
     }
 
     /// Reads every counter the kernel keeps, summed over CPUs.

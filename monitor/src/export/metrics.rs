@@ -269,6 +269,18 @@ impl Collector for SampleCollector {
             "Entries in the kernel's counter maps.",
             sample.map_entries.iter().map(|(map, n)| (vec![("map", *map)], i64::try_from(*n).unwrap_or(i64::MAX))),
         )?;
+        gauge(
+            &mut encoder,
+            "datapath_flow_table_entries",
+            "Handshakes awaiting an answer in the kernel's LRU flow table (counted every 10 s).",
+            std::iter::once((Labels::new(), i64::try_from(sample.flow_table_entries).unwrap_or(i64::MAX))),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_flow_table_evictions",
+            "Handshakes the full LRU flow table evicted to make room: their SYN retransmits and answers go uncounted.",
+            std::iter::once((Labels::new(), sample.flow_table_evictions)),
+        )?;
         counter(
             &mut encoder,
             "datapath_bpf_map_entries_collected",

@@ -17,7 +17,7 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::{
-    datapath::{AttachMode, Datapath, ProbeReport, ProgramRunStats},
+    datapath::{AttachMode, Datapath, FlowTableState, ProbeReport, ProgramRunStats},
     errors,
     sampling::{
         LinkEvent, LinkFacts,
@@ -69,6 +69,10 @@ pub struct Sample {
     /// and attempts to attach them again that failed, since start.
     pub tc_programs_removed: u64,
     pub tc_reattach_failures: u64,
+    /// The LRU flow table (handshakes awaiting an answer): entries at the last count, and
+    /// handshakes evicted to make room since start (their retransmits go uncounted).
+    pub flow_table_entries: u64,
+    pub flow_table_evictions: u64,
     /// Entries in the kernel's counter maps now, by map name.
     pub map_entries: Vec<(&'static str, u64)>,
     /// Idle entries nobody owns, folded into "other" and removed, since start, by map name.
@@ -182,6 +186,10 @@ pub struct Sampler {
     idle_retransmits: IdleEntries<RetransmitKey>,
     drops_collected: u64,
     retransmits_collected: u64,
+    /// The flow table as last counted, and when.
+    flow_table: FlowTableState,
+    flow_table_evictions: u64,
+    flow_table_counted: Instant,
 }
 
 /// The probe name under which the OVS datapaths' own counters are reported.
@@ -193,6 +201,9 @@ const UPCALL_RETRY: Duration = Duration::from_secs(10);
 /// How often the kernel is asked whether the tc programs still run on every attached
 /// interface (two cheap syscalls per interface).
 const ATTACHMENT_CHECK: Duration = Duration::from_secs(5);
+
+/// How often the flow table's entries are counted (one syscall per entry, 65536 at most).
+const FLOW_TABLE_COUNT: Duration = Duration::from_secs(10);
 
 impl Sampler {
     pub fn new(datapath: Datapath, own_netns: u64, grace: Duration, entry_idle: Duration) -> Self {
@@ -221,6 +232,10 @@ impl Sampler {
             idle_retransmits: IdleEntries::new(entry_idle),
             drops_collected: 0,
             retransmits_collected: 0,
+            flow_table: FlowTableState::default(),
+            flow_table_evictions: 0,
+            // Counted at the first sample.
+            flow_table_counted: Instant::now() - FLOW_TABLE_COUNT,
         }
     }
 
@@ -493,6 +508,12 @@ impl Sampler {
                 }
             }
         }
+        if now.duration_since(self.flow_table_counted) >= FLOW_TABLE_COUNT {
+            self.flow_table_counted = now;
+            self.flow_table = self.datapath.read_flow_table();
+            // Monotonic: a count taken while handshakes come and go may come out lower.
+            self.flow_table_evictions = self.flow_table_evictions.max(self.flow_table.evicted());
+        }
         let owners = self.retransmit_owners();
         self.sync_pods(&owners);
         let mut kernel = self.datapath.read();
@@ -541,6 +562,8 @@ impl Sampler {
             attached: self.datapath.attached_count(),
             tc_programs_removed: self.tc_programs_removed,
             tc_reattach_failures: self.tc_reattach_failures,
+            flow_table_entries: self.flow_table.entries,
+            flow_table_evictions: self.flow_table_evictions,
             map_entries,
             entries_collected: vec![(DROPS_MAP, self.drops_collected), (RETRANSMITS_MAP, self.retransmits_collected)],
             probes: self.probes(),
