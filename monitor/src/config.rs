@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    datapath::{DatapathOptions, DropTracerChoice, TcAttachChoice, process_probe::comm_key},
+    datapath::{DatapathOptions, DisabledProbe, DropTracerChoice, TcAttachChoice, process_probe::comm_key},
     sampling::InterfaceFilter,
 };
 
@@ -115,6 +115,10 @@ pub struct RunArgs {
     /// Which drop tracer: auto (tp_btf, else the classic tracepoint), tp-btf, tracepoint.
     #[arg(long, env = "DATAPATH_MONITOR_DROP_TRACER")]
     pub drop_tracer: Option<DropTracerChoice>,
+    /// A probe not to load (repeatable): kfree_skb, sched_process, tcp_retransmit, ovs_upcall.
+    /// The agent runs without its signal and says so, as on a kernel that lacks it.
+    #[arg(long = "disable-probe", env = "DATAPATH_MONITOR_DISABLE_PROBE", value_delimiter = ',')]
+    pub disable_probes: Vec<DisabledProbe>,
     /// Turn on the kernel's BPF run-time statistics for the program cost metrics (true/false).
     /// They time every BPF program run on the node, not only the agent's.
     #[arg(long, env = "DATAPATH_MONITOR_BPF_STATS", value_name = "BOOL")]
@@ -155,6 +159,7 @@ pub struct Config {
     pub tc_attach: TcAttachChoice,
     pub drop_tracer: DropTracerChoice,
     pub bpf_stats: bool,
+    pub disable_probes: Vec<DisabledProbe>,
 }
 
 impl Default for Config {
@@ -197,6 +202,7 @@ impl Default for Config {
             incident_history: 1_000,
             tc_attach: TcAttachChoice::Auto,
             drop_tracer: DropTracerChoice::Auto,
+            disable_probes: Vec::new(),
             bpf_stats: false,
         }
     }
@@ -247,7 +253,8 @@ impl Config {
             }};
         }
         let resolved = overlay!(
-            lists: interfaces => interfaces, excludes => exclude, cni_dirs => cni_dirs, sdn_processes => sdn_processes;
+            lists: interfaces => interfaces, excludes => exclude, cni_dirs => cni_dirs, sdn_processes => sdn_processes,
+                disable_probes => disable_probes;
             options: listen,
             cni_cache_dir,
             state_dir,
@@ -346,7 +353,12 @@ impl Config {
     }
 
     pub fn datapath_options(&self) -> DatapathOptions {
-        DatapathOptions { tc_attach: self.tc_attach, drop_tracer: self.drop_tracer, bpf_stats: self.bpf_stats }
+        DatapathOptions {
+            tc_attach: self.tc_attach,
+            drop_tracer: self.drop_tracer,
+            bpf_stats: self.bpf_stats,
+            disabled: self.disable_probes.iter().map(|probe| probe.name()).collect(),
+        }
     }
 
     pub fn removed_interface_grace(&self) -> Duration {

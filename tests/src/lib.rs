@@ -596,19 +596,6 @@ impl Drop for UdpStream {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kernel_versions_parse_from_debian_and_upstream_releases() {
-        assert_eq!(parse_kernel_version("6.1.0-57-cloud-amd64\n"), Some((6, 1)));
-        assert_eq!(parse_kernel_version("6.12.117+deb12-cloud-amd64"), Some((6, 12)));
-        assert_eq!(parse_kernel_version("6.18.44-fc-v1045"), Some((6, 18)));
-        assert_eq!(parse_kernel_version("garbage"), None);
-    }
-}
-
 /// Payload of the datagrams [`send_udp`] sends.
 pub const UDP_PAYLOAD: usize = 100;
 
@@ -625,4 +612,17 @@ pub fn send_udp(from: &Netns, to: std::net::SocketAddr, count: usize) -> Result<
         }
         Ok(())
     })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions_parse_from_debian_and_upstream_releases() {
+        assert_eq!(parse_kernel_version("6.1.0-57-cloud-amd64\n"), Some((6, 1)));
+        assert_eq!(parse_kernel_version("6.12.117+deb12-cloud-amd64"), Some((6, 12)));
+        assert_eq!(parse_kernel_version("6.18.44-fc-v1045"), Some((6, 18)));
+        assert_eq!(parse_kernel_version("garbage"), None);
+    }
 }

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context as _, Result, ensure};
 use datapath_monitor_tests::{
-    Agent, Netns, Pod, addr, expected_tc_attach, require_root, scaled, send_udp, settle, sh,
+    Agent, Netns, Pod, TempDir, addr, expected_tc_attach, require_root, scaled, send_udp, settle, sh, unique,
 };
 
 /// Capability bits (`linux/capability.h`).
@@ -116,7 +116,8 @@ fn remove_ingress_program(host: &Netns, veth: &str, mode: &str) -> Result<()> {
         host.exec(&["tc", "filter", "del", "dev", veth, "ingress"])?;
         return Ok(());
     }
-    let programs: serde_json::Value = serde_json::from_str(&sh(&["bpftool", "-j", "prog", "show", "name", "tc_ingress"])?)?;
+    let programs: serde_json::Value =
+        serde_json::from_str(&sh(&["bpftool", "-j", "prog", "show", "name", "tc_ingress"])?)?;
     let programs = if programs.is_array() { programs } else { serde_json::Value::Array(vec![programs]) };
     let ids: Vec<u64> = programs.as_array().into_iter().flatten().filter_map(|p| p["id"].as_u64()).collect();
     let links: serde_json::Value = serde_json::from_str(&sh(&["bpftool", "-j", "link", "show"])?)?;
@@ -360,7 +361,12 @@ fn five_hundred_pod_cycles_with_traffic_leave_kernel_state_fds_and_memory_where_
 /// Sends a bare TCP SYN from every source port in `sports` to each of `dports` on `to`,
 /// over a raw socket in `from`, with a zero checksum: the receiving kernel drops each one
 /// (TCP_CSUM), so no handshake is ever answered.
-fn unanswered_syns(from: &Netns, to: std::net::Ipv4Addr, sports: std::ops::RangeInclusive<u16>, dports: &[u16]) -> Result<u64> {
+fn unanswered_syns(
+    from: &Netns,
+    to: std::net::Ipv4Addr,
+    sports: std::ops::RangeInclusive<u16>,
+    dports: &[u16],
+) -> Result<u64> {
     let dports = dports.to_vec();
     from.run(move || -> Result<u64> {
         use std::os::fd::AsRawFd as _;
@@ -429,7 +435,82 @@ fn a_full_flow_table_counts_the_handshakes_it_evicts() -> Result<()> {
     ensure!(answered <= 10.0, "answered {answered}");
     ensure!(entries <= FLOWS_MAX && entries > 0.0, "entries {entries}");
     // What is neither answered nor held was evicted, to the handshake.
-    ensure!(evicted + entries + answered == sent as f64, "{evicted} evicted + {entries} held + {answered} answered != {sent}");
+    ensure!(
+        evicted + entries + answered == sent as f64,
+        "{evicted} evicted + {entries} held + {answered} answered != {sent}"
+    );
     ensure!(evicted >= sent as f64 - FLOWS_MAX, "at least the excess over the table's size");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn without_the_process_and_drop_tracers_the_agent_says_so_and_keeps_the_rest() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmdg")?;
+    let pod = Pod::new(&host, 24)?;
+    let dirs = TempDir::new("dmdg")?;
+    let name = unique("dm-sdn-");
+    let binary = dirs.join(&name);
+    std::fs::copy("/bin/sleep", &binary)?;
+    let (dir, cache) = (dirs.display(), TempDir::new("dmdgcache")?);
+    // As on a kernel without BPF ring buffers or these tracepoints.
+    let args = [
+        "--disable-probe",
+        "sched_process",
+        "--disable-probe",
+        "kfree_skb",
+        "--cni-dir",
+        &dir,
+        "--cni-cache-dir",
+        &cache.display(),
+        "--sdn-process",
+        &name,
+    ];
+    let agent = Agent::start(&host, &args)?;
+    let (status, body) = agent.get("/readyz")?;
+    let readiness: serde_json::Value = serde_json::from_str(&body)?;
+    ensure!(status == 200, "ready without them: {body}");
+    for probe in ["sched_process", "kfree_skb"] {
+        ensure!(readiness["probes"]["probes"][probe].is_null(), "{probe} reported loaded: {body}");
+        let why = readiness["probes"]["errors"][probe].as_str().unwrap_or_default();
+        ensure!(why.contains("disabled by configuration"), "{probe}: {why:?} in {body}");
+        ensure!(agent.metrics()?.value("datapath_probe_loaded", &[("probe", probe)]) == 0.0, "{probe} loaded");
+    }
+    ensure!(agent.log_text().contains("process tracer unsupported"), "{}", agent.log_text());
+
+    // SDN processes: the running gauge follows /proc scans every 5 s instead; starts, exits
+    // and restarts need the tracer's reports and are not made up from scans.
+    let running = |count: f64| {
+        let name = name.clone();
+        move |m: &datapath_monitor_tests::Metrics| {
+            m.value("datapath_sdn_process_running", &[("process", &name)]) == count
+        }
+    };
+    let spawn = || -> Result<std::process::Child> {
+        Ok(std::process::Command::new(&binary).arg("600").stdin(std::process::Stdio::null()).spawn()?)
+    };
+    let mut first = spawn()?;
+    agent.wait_metrics("the process found by a scan", running(1.0))?;
+    first.kill()?;
+    first.wait()?;
+    agent.wait_metrics("its exit found by a scan", running(0.0))?;
+    let mut second = spawn()?;
+    agent.wait_metrics("the next one found by a scan", running(1.0))?;
+    second.kill()?;
+    second.wait()?;
+    ensure!(agent.metrics()?.value("datapath_sdn_process_restarts_total", &[("process", &name)]) == 0.0);
+
+    // Packets are still counted exactly; drops are not counted at all (no series, no guess).
+    let listener = host.run(|| UdpSocket::bind("0.0.0.0:5024"))??;
+    send_udp(&pod.ns, addr(&pod.host_ip, 5024), 12)?;
+    send_udp(&pod.ns, addr(&pod.host_ip, 9), 5)?;
+    let labels = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    agent.wait_metrics("the datagrams", |m| m.value("datapath_packets_total", &labels) >= 17.0)?;
+    settle();
+    let metrics = agent.metrics()?;
+    ensure!(metrics.value("datapath_packets_total", &labels) == 17.0);
+    ensure!(!metrics.has("datapath_drops_total", &[("interface", pod.veth.as_str())]), "drops without a drop tracer");
+    drop(listener);
     Ok(())
 }

@@ -28,26 +28,25 @@ use aya::{
 };
 use monitor_common::{
     DROPS_MAP, DropKey, FLOW_TABLE_INSERTED, FLOW_TABLE_MAP, FLOW_TABLE_REMOVED, FLOWS_MAP, FlowKey, FlowState,
-    GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_HOST_NETNS,
-    GLOBAL_NET_INUM_OFFSET, GLOBAL_NOT_SPECIFIED_REASON, GLOBAL_RETRANSMIT_HAS_ERR, GLOBAL_SK_DADDR_OFFSET,
-    GLOBAL_SK_FAMILY_OFFSET, GLOBAL_SK_NET_OFFSET, GLOBAL_SK_STATE_OFFSET, GLOBAL_SK_V6_DADDR_OFFSET,
-    GLOBAL_SKB_CB_OFFSET, GLOBAL_SKB_DEV_OFFSET, GLOBAL_SKB_HEAD_OFFSET, GLOBAL_SKB_NETWORK_HEADER_OFFSET,
-    GLOBAL_SKB_PROTOCOL_OFFSET, GLOBAL_TCP_CB_GSO_SEGS_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET,
-    INTERFACE_COUNTERS_MAP, INTERFACE_SLOTS_MAP, InterfaceCounters, InterfaceSlot, KFREE_SKB_BTF_PROGRAM,
-    KFREE_SKB_TRACEPOINT_PROGRAM, MAP_ERROR_SLOTS, MAP_ERRORS_MAP, POD_ADDRESSES_MAP, POD_VETHS_MAP,
-    PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM, PodAddress, RETRANSMITS_MAP, RetransmitKey, TC_EGRESS_PROGRAM,
-    TC_INGRESS_PROGRAM, TCP_RETRANSMIT_PROGRAM,
+    GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_HOST_NETNS, GLOBAL_NET_INUM_OFFSET,
+    GLOBAL_NOT_SPECIFIED_REASON, GLOBAL_RETRANSMIT_HAS_ERR, GLOBAL_SK_DADDR_OFFSET, GLOBAL_SK_FAMILY_OFFSET,
+    GLOBAL_SK_NET_OFFSET, GLOBAL_SK_STATE_OFFSET, GLOBAL_SK_V6_DADDR_OFFSET, GLOBAL_SKB_CB_OFFSET,
+    GLOBAL_SKB_DEV_OFFSET, GLOBAL_SKB_HEAD_OFFSET, GLOBAL_SKB_NETWORK_HEADER_OFFSET, GLOBAL_SKB_PROTOCOL_OFFSET,
+    GLOBAL_TCP_CB_GSO_SEGS_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET, INTERFACE_COUNTERS_MAP,
+    INTERFACE_SLOTS_MAP, InterfaceCounters, InterfaceSlot, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM,
+    MAP_ERROR_SLOTS, MAP_ERRORS_MAP, POD_ADDRESSES_MAP, POD_VETHS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM,
+    PodAddress, RETRANSMITS_MAP, RetransmitKey, TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM, TCP_RETRANSMIT_PROGRAM,
 };
 use tracing::{debug, info, warn};
 
 pub use self::attachments::Reattachment;
 pub use self::pod_addresses::pod_address;
-pub use self::probes::{AttachMode, DropTracerChoice, ProbeReport, TcAttachChoice};
+pub use self::probes::{AttachMode, DisabledProbe, DropTracerChoice, ProbeReport, TcAttachChoice};
 use self::{
     kernel_layout::{KernelLayout, read_kfree_skb_format},
     pod_addresses::PodAddressMaps,
     probes::{
-        DROP_PROBE, OVS_REASONS_PROBE, RETRANSMIT_PROBE, TC_PROBE, UPCALL_PROBE, attach_drop_tracer,
+        DISABLED, DROP_PROBE, OVS_REASONS_PROBE, RETRANSMIT_PROBE, TC_PROBE, UPCALL_PROBE, attach_drop_tracer,
         attach_retransmit_tracer, attach_upcall_tracer,
     },
     process_probe::ProcessTracerOffsets,
@@ -88,13 +87,15 @@ pub enum DatapathError {
 }
 
 /// Which kernel mechanisms to use; `Auto` picks the best this kernel supports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DatapathOptions {
     pub tc_attach: TcAttachChoice,
     pub drop_tracer: DropTracerChoice,
     /// Turn on the kernel's BPF run-time statistics (for the program cost metrics). They
     /// time every run of every BPF program on the node, not only ours: off by default.
     pub bpf_stats: bool,
+    /// Probes not to load (their names, see [`DisabledProbe`]).
+    pub disabled: Vec<&'static str>,
 }
 
 /// Run-time statistics of one loaded program, from the kernel (BPF_ENABLE_STATS).
@@ -145,6 +146,8 @@ pub struct Datapath {
     attached: BTreeMap<u32, AttachedInterface>,
     /// The kernel's ids of the two tc programs, to recognise them on an interface.
     program_ids: BTreeMap<&'static str, u32>,
+    /// Probes the operator turned off.
+    disabled: Vec<&'static str>,
     /// None until the first attach tells whether tcx works here.
     tc_mode: Option<AttachMode>,
     /// Set by the operator: no fallback to the other mode.
@@ -191,6 +194,9 @@ impl Datapath {
         let kernel_btf = aya::Btf::from_sys_fs();
         let mut loader = EbpfLoader::new();
         loader.btf(kernel_btf.as_ref().ok());
+        // A map this kernel cannot create (the process tracer's ring buffer before 5.8) must
+        // not stop the rest from loading: only the programs using it then fail, and say so.
+        loader.allow_unsupported_maps();
         process_offsets.as_ref().unwrap_or(&zero_offsets).override_globals(&mut loader);
         let mut ebpf = loader
             .override_global(GLOBAL_SKB_DEV_OFFSET, &offsets.skb_dev, true)
@@ -231,7 +237,9 @@ impl Datapath {
         // Becomes "tcx" or "clsact" at the first attach.
         probes.probes.insert(TC_PROBE, Some("loaded".into()));
 
+        let disabled = |probe: &str| options.disabled.contains(&probe);
         let retransmit_tracer = match &socket_offsets {
+            _ if disabled(RETRANSMIT_PROBE) => Err(DISABLED.to_string()),
             Ok(_) => attach_retransmit_tracer(&mut ebpf, kernel_btf.as_ref()),
             Err(error) => Err(format!("socket offsets: {error}")),
         };
@@ -242,14 +250,19 @@ impl Datapath {
             }
         }
         probes.record(RETRANSMIT_PROBE, &retransmit_tracer);
-        let upcall_tracer = attach_upcall_tracer(&mut ebpf);
+        let upcall_tracer =
+            if disabled(UPCALL_PROBE) { Err(DISABLED.to_string()) } else { attach_upcall_tracer(&mut ebpf) };
         match &upcall_tracer {
             Ok(variant) => info!(variant, "OVS upcall tracer attached"),
             Err(reason) => info!(%reason, "OVS upcall tracer not attached; retried while the agent runs"),
         }
         probes.record(UPCALL_PROBE, &upcall_tracer);
         probes.record(OVS_REASONS_PROBE, &kernel_layout::ovs_drop_reasons(&drop_reasons));
-        let drop_tracer = attach_drop_tracer(&mut ebpf, kernel_btf.as_ref(), options.drop_tracer);
+        let drop_tracer = if disabled(DROP_PROBE) {
+            Err(DISABLED.to_string())
+        } else {
+            attach_drop_tracer(&mut ebpf, kernel_btf.as_ref(), options.drop_tracer)
+        };
         match &drop_tracer {
             Ok(variant) => info!(variant, "drop tracer attached"),
             Err(reasons) => warn!(%reasons, "drop tracer unsupported on this kernel; drops are not counted"),
@@ -292,6 +305,7 @@ impl Datapath {
             flow_table,
             attached: BTreeMap::new(),
             program_ids,
+            disabled: options.disabled.clone(),
             tc_mode: match options.tc_attach {
                 TcAttachChoice::Auto => None,
                 TcAttachChoice::Tcx => Some(AttachMode::Tcx),
@@ -316,7 +330,7 @@ impl Datapath {
     /// last try), and then names the module's drop reasons; cheap when it is attached, or
     /// when the module is still absent. True when it was attached just now.
     pub fn retry_upcall_tracer(&mut self) -> bool {
-        if self.probes.probes.get(UPCALL_PROBE).is_some_and(Option::is_some) {
+        if self.probes.probes.get(UPCALL_PROBE).is_some_and(Option::is_some) || self.disabled.contains(&UPCALL_PROBE) {
             return false;
         }
         let result = attach_upcall_tracer(&mut self.ebpf);

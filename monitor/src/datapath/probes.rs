@@ -61,6 +61,36 @@ pub enum DropTracerChoice {
     Tracepoint,
 }
 
+/// A probe the operator turned off (`--disable-probe`): the agent runs without its signal
+/// and reports it unsupported, as on a kernel that lacks it (also how that path is tested).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum DisabledProbe {
+    #[value(name = "kfree_skb")]
+    KfreeSkb,
+    #[value(name = "sched_process")]
+    SchedProcess,
+    #[value(name = "tcp_retransmit")]
+    TcpRetransmit,
+    #[value(name = "ovs_upcall")]
+    OvsUpcall,
+}
+
+impl DisabledProbe {
+    /// The probe's name as `/readyz` and `datapath_probe_loaded` give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::KfreeSkb => DROP_PROBE,
+            Self::SchedProcess => PROCESS_PROBE,
+            Self::TcpRetransmit => RETRANSMIT_PROBE,
+            Self::OvsUpcall => UPCALL_PROBE,
+        }
+    }
+}
+
+/// Why a disabled probe is not loaded.
+pub const DISABLED: &str = "disabled by configuration (disable_probes)";
+
 /// How the tc programs hang on an interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]

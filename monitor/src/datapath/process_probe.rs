@@ -213,6 +213,12 @@ impl Datapath {
     }
 
     fn try_start_process_probe(&mut self, names: &[String]) -> Result<ProcessProbe, DatapathError> {
+        if self.disabled.contains(&super::probes::PROCESS_PROBE) {
+            return Err(DatapathError::ProcessTracer(super::probes::DISABLED.into()));
+        }
+        if !aya::sys::is_map_supported(aya::maps::MapType::RingBuf).unwrap_or(false) {
+            return Err(DatapathError::ProcessTracer("this kernel has no BPF ring buffers (Linux 5.8+)".into()));
+        }
         if let Err(error) = &self.process_offsets {
             return Err(DatapathError::ProcessTracer(error.clone()));
         }

@@ -73,7 +73,8 @@ impl Datapath {
         }
         let mode = self.tc_mode.unwrap_or(mode);
         self.probes.probes.insert(TC_PROBE, Some(format!("{mode:?}").to_lowercase()));
-        self.attached.insert(ifindex, AttachedInterface { name: name.to_string(), links, pending: Vec::new(), mode, slot });
+        self.attached
+            .insert(ifindex, AttachedInterface { name: name.to_string(), links, pending: Vec::new(), mode, slot });
         Ok(mode)
     }
 

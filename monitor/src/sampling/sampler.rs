@@ -10,8 +10,8 @@ use std::{
 };
 
 use monitor_common::{
-    DROP_REASON_UNKNOWN, DROPS_MAP, DropKey, INTERFACE_COUNTERS_MAP, InterfaceCounters, MAP_ERROR_SLOTS, RETRANSMITS_MAP,
-    RetransmitKey,
+    DROP_REASON_UNKNOWN, DROPS_MAP, DropKey, INTERFACE_COUNTERS_MAP, InterfaceCounters, MAP_ERROR_SLOTS,
+    RETRANSMITS_MAP, RetransmitKey,
 };
 use serde::Serialize;
 use tracing::{debug, info, warn};
