@@ -29,7 +29,7 @@ use crate::{
         cni, interface_events,
         pods::{self, SharedPods},
         processes,
-        sources::{CNI_CACHE, CNI_CONFIG, LINK_WATCH, SDN_PROCESSES, Sources},
+        sources::{CNI_CACHE, CNI_CONFIG, LINK_WATCH, SDN_PROCESSES, SourceHandle, Sources, TC_PROGRAMS},
         timeline::Timeline,
     },
     privileges,
@@ -139,6 +139,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Arc::clone(&engine),
         Arc::clone(&latest),
         Arc::clone(&history),
+        sources.handle(TC_PROGRAMS),
     );
 
     let signal = wait_for_signal().await?;
@@ -172,6 +173,7 @@ fn spawn_sampling(
     engine: SharedEngine,
     latest: Arc<LatestSample>,
     history: Arc<IncidentHistory>,
+    tc_programs: SourceHandle,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
@@ -198,6 +200,14 @@ fn spawn_sampling(
                 sampler.set_ovs_datapaths(&ovs);
                 sampler.sample()
             };
+            if sample.tc_pending.is_empty() {
+                tc_programs.up();
+            } else {
+                tc_programs.down(format!(
+                    "removed from {} and not attached again (retried every 5 s)",
+                    sample.tc_pending.join(", ")
+                ));
+            }
             let now = Stamp::now();
             // Switches are judged like interfaces: their unforwarded packets are drops.
             let observed: Vec<_> = sample.interfaces.iter().chain(&sample.switches).cloned().collect();

@@ -275,7 +275,17 @@ impl<'a> Agent<'a> {
 
     /// Polls /metrics until `done` holds, then returns that scrape.
     pub fn wait_metrics(&self, what: &str, done: impl Fn(&Metrics) -> bool) -> Result<Metrics> {
-        let deadline = Instant::now() + scaled(Duration::from_secs(10));
+        self.wait_metrics_within(what, Duration::from_secs(10), done)
+    }
+
+    /// As [`Agent::wait_metrics`], for what takes longer than its 10 s (`timeout`, scaled).
+    pub fn wait_metrics_within(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Metrics) -> bool,
+    ) -> Result<Metrics> {
+        let deadline = Instant::now() + scaled(timeout);
         loop {
             let metrics = self.metrics()?;
             if done(&metrics) {

@@ -261,7 +261,8 @@ fn drop_entries_of_a_deleted_namespace_are_collected_and_other_keeps_its_count()
 
     drop(gone);
     let deleted = Instant::now();
-    agent.wait_metrics("the entry collected", |m| {
+    // Idle for 10 s, then collected at the next sample.
+    agent.wait_metrics_within("the entry collected", Duration::from_secs(30), |m| {
         m.value("datapath_bpf_map_entries_collected_total", &[("map", "DROPS")]) >= 1.0
     })?;
     println!("collected {:?} after the namespace was deleted (idle time 10 s)", deleted.elapsed());
@@ -511,6 +512,38 @@ fn without_the_process_and_drop_tracers_the_agent_says_so_and_keeps_the_rest() -
     let metrics = agent.metrics()?;
     ensure!(metrics.value("datapath_packets_total", &labels) == 17.0);
     ensure!(!metrics.has("datapath_drops_total", &[("interface", pod.veth.as_str())]), "drops without a drop tracer");
+    drop(listener);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn a_tc_program_that_cannot_be_attached_again_marks_tc_programs_down_until_it_can() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmtd")?;
+    let pod = Pod::new(&host, 25)?;
+    let agent = Agent::start(&host, &["--tc-attach", "clsact"])?;
+    let source = [("source", "tc_programs")];
+    agent.wait_metrics("tc_programs up", |m| m.value("datapath_source_up", &source) == 1.0)?;
+    // The clsact qdisc replaced by a classic ingress qdisc: the programs are gone, and
+    // clsact cannot come back while that one holds the ingress handle.
+    let script = format!("tc qdisc del dev {0} clsact && tc qdisc add dev {0} handle ffff: ingress", pod.veth);
+    host.exec(&["sh", "-c", &script])?;
+    let metrics = agent.wait_metrics("tc_programs down", |m| m.value("datapath_source_up", &source) == 0.0)?;
+    ensure!(metrics.value("datapath_tc_reattach_failures_total", &[]) >= 1.0, "{}", metrics.text);
+    let (status, body) = agent.get("/readyz")?;
+    ensure!(status == 200 && body.contains("tc_programs") && body.contains(&pod.veth), "degraded: {body}");
+
+    host.exec(&["tc", "qdisc", "del", "dev", &pod.veth, "ingress"])?;
+    agent.wait_metrics("tc_programs up again", |m| m.value("datapath_source_up", &source) == 1.0)?;
+    ensure!(counts(&attachments(&host, &pod.veth, "clsact")?) == [1, 1], "attached again once the way was free");
+    let listener = host.run(|| UdpSocket::bind("0.0.0.0:5025"))??;
+    let labels = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    let before = agent.metrics()?.value("datapath_packets_total", &labels);
+    send_udp(&pod.ns, addr(&pod.host_ip, 5025), 9)?;
+    agent.wait_metrics("the datagrams", |m| m.value("datapath_packets_total", &labels) >= before + 9.0)?;
+    settle();
+    ensure!(agent.metrics()?.value("datapath_packets_total", &labels) == before + 9.0);
     drop(listener);
     Ok(())
 }

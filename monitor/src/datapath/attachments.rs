@@ -94,6 +94,11 @@ impl Datapath {
         self.attach_pending()
     }
 
+    /// Interfaces with a removed program not attached again yet (failed, retried).
+    pub fn pending_reattach(&self) -> Vec<String> {
+        self.attached.values().filter(|attached| !attached.pending.is_empty()).map(|a| a.name.clone()).collect()
+    }
+
     /// Attaches again the programs found missing, now or at an earlier check (a failure is
     /// tried again at the next one).
     fn attach_pending(&mut self) -> Vec<Reattachment> {
@@ -110,7 +115,7 @@ impl Datapath {
                 } else {
                     (TcAttachType::Egress, "egress")
                 };
-                let result = self.attach_one(program_name, &interface, attach_type, mode);
+                let result = self.attach_one(program_name, ifindex, &interface, attach_type, mode);
                 let Some(attached) = self.attached.get_mut(&ifindex) else { continue };
                 let error = match result {
                     Ok(link) => {
@@ -155,6 +160,30 @@ fn tcx_program_ids(ifindex: u32, ingress: bool) -> io::Result<Vec<u32>> {
 
 /// The program ids of the bpf filters on `ifindex`'s clsact ingress or egress hook.
 fn clsact_program_ids(socket: &mut Option<Socket>, ifindex: u32, ingress: bool) -> io::Result<Vec<u32>> {
+    let mut request = TcMessage::with_index(ifindex as i32);
+    request.header.parent = TcHandle { major: TcHandle::INGRESS.major, minor: hook_minor(ingress) };
+    let filters = tc_dump(socket, RouteNetlinkMessage::GetTrafficFilter(request), ifindex)?;
+    Ok(filters.iter().flat_map(bpf_program_ids).collect())
+}
+
+/// The kind of the qdisc that holds `ifindex`'s ingress handle (ffff:), if any: "clsact",
+/// or "ingress" (the classic one, whose single block would take the egress program too).
+pub(super) fn ingress_qdisc_kind(ifindex: u32) -> io::Result<Option<String>> {
+    let request = TcMessage::with_index(ifindex as i32);
+    let qdiscs = tc_dump(&mut None, RouteNetlinkMessage::GetQueueDiscipline(request), ifindex)?;
+    Ok(qdiscs
+        .iter()
+        .filter(|qdisc| qdisc.header.index == ifindex as i32 && qdisc.header.handle.major == TcHandle::INGRESS.major)
+        .find_map(|qdisc| {
+            qdisc.attributes.iter().find_map(|attribute| match attribute {
+                TcAttribute::Kind(kind) => Some(kind.clone()),
+                _ => None,
+            })
+        }))
+}
+
+/// A tc dump (filters or qdiscs) over a route netlink socket opened on first use.
+fn tc_dump(socket: &mut Option<Socket>, request: RouteNetlinkMessage, sequence: u32) -> io::Result<Vec<TcMessage>> {
     if socket.is_none() {
         let mut opened = Socket::new(NETLINK_ROUTE)?;
         opened.bind_auto()?;
@@ -162,17 +191,15 @@ fn clsact_program_ids(socket: &mut Option<Socket>, ifindex: u32, ingress: bool) 
         *socket = Some(opened);
     }
     let Some(socket) = socket.as_mut() else { return Err(io::Error::other("no netlink socket")) };
-    let mut request = TcMessage::with_index(ifindex as i32);
-    request.header.parent = TcHandle { major: TcHandle::INGRESS.major, minor: hook_minor(ingress) };
-    let mut message = NetlinkMessage::from(RouteNetlinkMessage::GetTrafficFilter(request));
+    let mut message = NetlinkMessage::from(request);
     message.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    message.header.sequence_number = ifindex;
+    message.header.sequence_number = sequence;
     message.finalize();
     let mut buffer = vec![0; message.buffer_len()];
     message.serialize(&mut buffer);
     socket.send(&buffer, 0)?;
 
-    let mut ids = Vec::new();
+    let mut replies = Vec::new();
     let mut received = vec![0u8; 32 * 1024];
     loop {
         let length = socket.recv(&mut &mut received[..], 0)?;
@@ -182,14 +209,14 @@ fn clsact_program_ids(socket: &mut Option<Socket>, ifindex: u32, ingress: bool) 
                 .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error.to_string()))?;
             let size = reply.header.length as usize;
             if size == 0 {
-                return Ok(ids);
+                return Ok(replies);
             }
             offset += size;
             match reply.payload {
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewTrafficFilter(filter)) => {
-                    ids.extend(bpf_program_ids(&filter));
-                }
-                NetlinkPayload::Done(_) => return Ok(ids),
+                NetlinkPayload::InnerMessage(
+                    RouteNetlinkMessage::NewTrafficFilter(message) | RouteNetlinkMessage::NewQueueDiscipline(message),
+                ) => replies.push(message),
+                NetlinkPayload::Done(_) => return Ok(replies),
                 NetlinkPayload::Error(error) => {
                     return Err(match error.code {
                         Some(code) => io::Error::from_raw_os_error(-code.get()),

@@ -58,7 +58,7 @@ impl Datapath {
         for (program_name, attach_type) in
             [(TC_INGRESS_PROGRAM, TcAttachType::Ingress), (TC_EGRESS_PROGRAM, TcAttachType::Egress)]
         {
-            match self.attach_one(program_name, name, attach_type, mode) {
+            match self.attach_one(program_name, ifindex, name, attach_type, mode) {
                 Ok(link) => links.push((program_name, link)),
                 Err(error) => {
                     self.detach_links(&mut links);
@@ -81,6 +81,7 @@ impl Datapath {
     pub(super) fn attach_one(
         &mut self,
         program_name: &'static str,
+        ifindex: u32,
         interface: &str,
         attach_type: TcAttachType,
         mode: AttachMode,
@@ -117,6 +118,19 @@ impl Datapath {
         // Kernels before 6.6 have no tcx: fall back to a clsact qdisc.
         if let Err(error) = tc::qdisc_add_clsact(interface) {
             debug!(interface, %error, "clsact qdisc not added (usually: already there)");
+        }
+        // A classic ingress qdisc in its place would take the egress program into its one
+        // (ingress) block and count ingress packets as egress: refuse, and say why.
+        match super::attachments::ingress_qdisc_kind(ifindex) {
+            Ok(Some(kind)) if kind != "clsact" => {
+                return Err(DatapathError::Attach {
+                    interface: interface.to_string(),
+                    tcx: tcx_error,
+                    clsact: format!("a qdisc of kind {kind:?} holds the ingress handle ffff: (clsact cannot be added)"),
+                });
+            }
+            Ok(_) => {}
+            Err(error) => debug!(interface, %error, "reading the interface's qdiscs"),
         }
         // A tcx link goes with its agent; a clsact filter stays when the agent is killed
         // (SIGKILL, OOM, a crash) and runs the dead agent's program for ever. Filters of this

@@ -411,7 +411,7 @@ impl Collector for LifecycleCollector {
         gauge(
             &mut encoder,
             "datapath_source_up",
-            "1 while this signal source works (link_watch, cni_config, cni_cache, sdn_processes); 0 while it is \
+            "1 while this signal source works (link_watch, cni_config, cni_cache, sdn_processes, tc_programs); 0 while it is \
              down and restarting: its signal is not seen meanwhile.",
             sources.iter().map(|(name, state)| (vec![("source", *name)], i64::from(state.up))),
         )?;

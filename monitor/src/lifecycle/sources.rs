@@ -23,6 +23,9 @@ pub const CNI_CONFIG: &str = "cni_config";
 pub const CNI_CACHE: &str = "cni_cache";
 /// The kernel's SDN process reports (its ring buffer).
 pub const SDN_PROCESSES: &str = "sdn_processes";
+/// The tc programs on the watched interfaces: down while one someone removed cannot be
+/// attached again (see `Datapath::verify_attachments`).
+pub const TC_PROGRAMS: &str = "tc_programs";
 
 /// One source's state.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]

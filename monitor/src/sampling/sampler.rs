@@ -69,6 +69,8 @@ pub struct Sample {
     /// and attempts to attach them again that failed, since start.
     pub tc_programs_removed: u64,
     pub tc_reattach_failures: u64,
+    /// Interfaces whose removed tc program could not be attached again yet.
+    pub tc_pending: Vec<String>,
     /// The LRU flow table (handshakes awaiting an answer): entries at the last count, and
     /// handshakes evicted to make room since start (their retransmits go uncounted).
     pub flow_table_entries: u64,
@@ -562,6 +564,7 @@ impl Sampler {
             attached: self.datapath.attached_count(),
             tc_programs_removed: self.tc_programs_removed,
             tc_reattach_failures: self.tc_reattach_failures,
+            tc_pending: self.datapath.pending_reattach(),
             flow_table_entries: self.flow_table.entries,
             flow_table_evictions: self.flow_table_evictions,
             map_entries,
