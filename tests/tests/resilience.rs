@@ -5,12 +5,13 @@
 use std::{
     net::UdpSocket,
     os::unix::fs::MetadataExt as _,
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, ensure};
 use datapath_monitor_tests::{
-    Agent, Netns, Pod, TempDir, addr, expected_tc_attach, require_root, scaled, send_udp, settle, sh, unique,
+    Agent, Netns, Pod, TempDir, UdpStream, addr, expected_tc_attach, require_root, scaled, send_udp, settle, sh, unique,
 };
 
 /// Capability bits (`linux/capability.h`).
@@ -261,12 +262,15 @@ fn drop_entries_of_a_deleted_namespace_are_collected_and_other_keeps_its_count()
 
     drop(gone);
     let deleted = Instant::now();
-    // Idle for 10 s, then collected at the next sample.
-    agent.wait_metrics_within("the entry collected", Duration::from_secs(30), |m| {
-        m.value("datapath_bpf_map_entries_collected_total", &[("map", "DROPS")]) >= 1.0
-    })?;
+    // Idle for 10 s, then collected at the next sample (entries the node had before the agent
+    // started may go first: the test waits for its own).
+    let deadline = deleted + scaled(Duration::from_secs(30));
+    while ours(&drop_entries()?) > 0 {
+        ensure!(Instant::now() < deadline, "the entry is still in the kernel: {:?}", drop_entries()?);
+        std::thread::sleep(Duration::from_millis(200));
+    }
     println!("collected {:?} after the namespace was deleted (idle time 10 s)", deleted.elapsed());
-    ensure!(ours(&drop_entries()?) == 0, "the entry is gone from the kernel: {:?}", drop_entries()?);
+    ensure!(agent.metrics()?.value("datapath_bpf_map_entries_collected_total", &[("map", "DROPS")]) >= 1.0);
     settle();
     let metrics = agent.metrics()?;
     // Folded into "other": the exported total neither drops nor double counts.
@@ -282,12 +286,7 @@ fn drop_entries_of_a_deleted_namespace_are_collected_and_other_keeps_its_count()
 fn footprint(agent: &Agent, host: &Netns) -> Result<(usize, usize, u64)> {
     let pid = agent.pid().context("agent pid")?;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("VmRSS")?;
+    let rss = rss_kib(pid)?;
     let attachments = if expected_tc_attach()? == "tcx" {
         let links: serde_json::Value = serde_json::from_str(&sh(&["bpftool", "-j", "link", "show"])?)?;
         links.as_array().into_iter().flatten().filter(|link| link["type"] == "tcx" || link["type"] == 11).count()
@@ -300,9 +299,11 @@ fn footprint(agent: &Agent, host: &Netns) -> Result<(usize, usize, u64)> {
 
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
-fn five_hundred_pod_cycles_with_traffic_leave_kernel_state_fds_and_memory_where_they_were() -> Result<()> {
+fn pod_cycles_with_traffic_leave_kernel_state_fds_and_memory_where_they_were() -> Result<()> {
     require_root();
-    const CYCLES: usize = 500;
+    // 500 on the host; the test VMs create namespaces and veths several times slower, so
+    // they run 100 to stay inside CI's time (the bound per cycle is the same).
+    let cycles: usize = if std::env::var_os("DM_TEST_IN_GUEST").is_some() { 100 } else { 500 };
     let host = Netns::new("dmsk")?;
     let agent = Agent::start(&host, &["--kernel-entry-idle-seconds", "10"])?;
     let listener = host.run(|| UdpSocket::bind("0.0.0.0:5030"))??;
@@ -321,10 +322,10 @@ fn five_hundred_pod_cycles_with_traffic_leave_kernel_state_fds_and_memory_where_
     agent.wait_metrics("warm-up detached", |m| m.value("datapath_interfaces_attached", &[]) == 0.0)?;
     let (links_before, fds_before, rss_before) = footprint(&agent, &host)?;
     let started = Instant::now();
-    for index in 20..20 + CYCLES {
+    for index in 20..20 + cycles {
         cycle(index)?;
     }
-    println!("{CYCLES} pod cycles in {:?}", started.elapsed());
+    println!("{cycles} pod cycles in {:?}", started.elapsed());
     agent.wait_metrics("every pod detached", |m| m.value("datapath_interfaces_attached", &[]) == 0.0)?;
     // Unowned entries (pods' loopbacks; a new netns may reuse a deleted one's inode, and
     // its entry then) go once idle for 10 s: then only the node's own namespaces have any.
@@ -343,7 +344,7 @@ fn five_hundred_pod_cycles_with_traffic_leave_kernel_state_fds_and_memory_where_
     let metrics = agent.metrics()?;
     let entries = |map: &str| metrics.value("datapath_bpf_map_entries", &[("map", map)]);
     println!(
-        "after {CYCLES} cycles: attachments {links_before} -> {links_after}, fds {fds_before} -> {fds_after}, \
+        "after {cycles} cycles: attachments {links_before} -> {links_after}, fds {fds_before} -> {fds_after}, \
          RSS {rss_before} -> {rss_after} KiB, DROPS entries {} (kernel {}), INTERFACE_COUNTERS {}, RETRANSMITS {}",
         entries("DROPS"),
         drop_entries()?.len(),
@@ -545,5 +546,84 @@ fn a_tc_program_that_cannot_be_attached_again_marks_tc_programs_down_until_it_ca
     settle();
     ensure!(agent.metrics()?.value("datapath_packets_total", &labels) == before + 9.0);
     drop(listener);
+    Ok(())
+}
+
+/// VmRSS of `pid`, in KiB.
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmRSS")
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn concurrent_scrapes_and_api_calls_keep_memory_bounded_and_readyz_answering() -> Result<()> {
+    require_root();
+    // One minute in CI; DM_SCRAPE_SOAK_SECONDS=600 for the ten-minute run.
+    let seconds: u64 = std::env::var("DM_SCRAPE_SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let host = Netns::new("dmss")?;
+    let pods = [Pod::new(&host, 26)?, Pod::new(&host, 27)?];
+    let agent = Agent::start(&host, &[])?;
+    let pid = agent.pid().context("agent pid")?;
+    let streams: Vec<UdpStream> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, pod)| UdpStream::start(&host, pod, 5026 + i as u16, 200))
+        .collect::<Result<_>>()?;
+    let stop = AtomicBool::new(false);
+    let (requests, failures) = (AtomicU64::new(0), AtomicU64::new(0));
+    let paths =
+        ["/metrics", "/api/v1/incidents", "/api/v1/events?limit=10000", "/api/v1/interfaces", "/api/v1/lifecycle"];
+    let mut samples = Vec::new();
+    let mut readyz_worst = Duration::ZERO;
+    std::thread::scope(|scope| -> Result<()> {
+        for worker in 0..6 {
+            let (agent, stop, requests, failures) = (&agent, &stop, &requests, &failures);
+            scope.spawn(move || {
+                let mut index = worker;
+                while !stop.load(Ordering::Relaxed) {
+                    match agent.get(paths[index % paths.len()]) {
+                        Ok((200, _)) => requests.fetch_add(1, Ordering::Relaxed),
+                        _ => failures.fetch_add(1, Ordering::Relaxed),
+                    };
+                    index += 1;
+                }
+            });
+        }
+        let started = Instant::now();
+        let result = (|| -> Result<()> {
+            while started.elapsed() < Duration::from_secs(seconds) {
+                let asked = Instant::now();
+                let (status, body) = agent.get("/readyz")?;
+                readyz_worst = readyz_worst.max(asked.elapsed());
+                ensure!(status == 200, "/readyz answered {status}: {body}");
+                if samples.is_empty() || started.elapsed().as_secs() >= 10 * samples.len() as u64 {
+                    samples.push(rss_kib(pid)?);
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        result
+    })?;
+    for stream in streams {
+        stream.stop()?;
+    }
+    let (requests, failures) = (requests.into_inner(), failures.into_inner());
+    println!(
+        "{seconds} s of 6 concurrent clients: {requests} requests, {failures} failed; /readyz worst {readyz_worst:?}; \
+         RSS every 10 s (KiB): {samples:?}"
+    );
+    ensure!(failures == 0, "{failures} requests failed");
+    ensure!(requests > 0);
+    // Stated bound: RSS stays within 16 MiB of where it was 10 s in (warmed up).
+    let warm = samples.get(1).copied().unwrap_or(samples[0]);
+    let peak = samples.iter().copied().max().unwrap_or(0);
+    ensure!(peak <= warm + 16 * 1024, "RSS grew from {warm} to {peak} KiB: {samples:?}");
     Ok(())
 }

@@ -547,10 +547,11 @@ impl Sampler {
                 *other_drops.entry(reason_name(&self.reason_names, key.reason)).or_default() += other;
             }
         }
-        self.collect_idle_entries(now, &kernel.drops, &kernel.retransmits, &owners);
+        let (drops_removed, retransmits_removed) =
+            self.collect_idle_entries(now, &kernel.drops, &kernel.retransmits, &owners);
         let map_entries = vec![
-            (DROPS_MAP, kernel.drops.len() as u64),
-            (RETRANSMITS_MAP, kernel.retransmits.len() as u64),
+            (DROPS_MAP, (kernel.drops.len() - drops_removed) as u64),
+            (RETRANSMITS_MAP, (kernel.retransmits.len() - retransmits_removed) as u64),
             (INTERFACE_COUNTERS_MAP, kernel.interfaces.len() as u64),
         ];
         Sample {
@@ -577,14 +578,14 @@ impl Sampler {
     /// Drop and retransmit entries no watched interface owns that have not grown for the
     /// idle time (a deleted namespace's, a vanished device's): their counts are carried in
     /// "other" (read just now, so the exported totals stay the same) and the entries removed,
-    /// so that such entries cannot fill the maps.
+    /// so that such entries cannot fill the maps. Returns how many of each were removed.
     fn collect_idle_entries(
         &mut self,
         now: Instant,
         drops: &[(DropKey, u64)],
         retransmits: &[(RetransmitKey, u64)],
         owners: &RetransmitOwners,
-    ) {
+    ) -> (usize, usize) {
         let owned = &self.attribution.owners;
         let idle = self.idle_drops.observe(now, drops, |key| !owned.contains_key(&(u64::from(key.netns), key.ifindex)));
         if !idle.is_empty() {
@@ -596,6 +597,7 @@ impl Sampler {
             self.drops_collected += idle.len() as u64;
             debug!(entries = idle.len(), "idle drop entries folded into other and removed");
         }
+        let drops_removed = idle.len();
         let idle = self.idle_retransmits.observe(now, retransmits, |key| owners.owner(key).is_none());
         if !idle.is_empty() {
             self.retransmits.fold(&idle);
@@ -604,6 +606,7 @@ impl Sampler {
             self.retransmits_collected += idle.len() as u64;
             debug!(entries = idle.len(), "idle retransmit entries folded into other and removed");
         }
+        (drops_removed, idle.len())
     }
 
     fn report_map_errors(&mut self, now: &[u64; MAP_ERROR_SLOTS as usize]) {
