@@ -79,6 +79,17 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}x{}", std::process::id() % 100_000, COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
+static COMM_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A unique process name that fits the kernel's comm (15 bytes), however many `unique` names a
+/// test made before it: a longer one would be refused by the agent's `--sdn-process` check.
+pub fn unique_comm(prefix: &str) -> String {
+    let count = COMM_COUNTER.fetch_add(1, Ordering::Relaxed) % 100;
+    let name = format!("{prefix}{}x{count}", std::process::id() % 100_000);
+    assert!(name.len() <= 15, "{name} does not fit a comm: shorten the prefix {prefix:?}");
+    name
+}
+
 /// A network namespace, deleted on drop when this harness created it.
 pub struct Netns {
     pub name: String,

@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, ensure};
-use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, UdpStream, agent_binary, require_root, unique};
+use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, UdpStream, agent_binary, require_root, unique_comm};
 use serde_json::Value;
 
 const PORT: u16 = 7000;
@@ -50,7 +50,7 @@ fn a_drop_rule_after_a_restart_is_one_incident_attributed_to_the_restart() -> Re
     let pod = Pod::new(&host, 3)?;
     let dirs = TempDir::new("dminc")?;
     let state = TempDir::new("dmstate")?;
-    let name = unique("dm-ovs-");
+    let name = unique_comm("dm-ovs-");
     let binary = dirs.join(&name);
     fs::copy("/bin/sleep", &binary)?;
     fs::set_permissions(&binary, fs::Permissions::from_mode(0o755))?;

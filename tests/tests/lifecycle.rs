@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context as _, Result, ensure};
 use datapath_monitor_tests::{
     Agent, LifecycleEvent, Netns, Pod, TempDir, agent_binary, expected_tc_attach, kinds, require_root, settle, sh,
-    unique,
+    unique_comm,
 };
 
 const VALID_CONFLIST: &str =
@@ -339,7 +339,7 @@ fn sdn_process_start_exit_and_restart_are_seen_from_the_kernel() -> Result<()> {
     require_root();
     let host = Netns::new("dmtl")?;
     let dirs = TempDir::new("dmproc")?;
-    let name = unique("dm-sdn-");
+    let name = unique_comm("dm-sdn-");
     ensure!(name.len() <= 15, "{name} is longer than a comm");
     let binary = watched_sleep(&dirs, &name)?;
     let cache = TempDir::new("dmcache")?;
@@ -419,7 +419,7 @@ fn a_process_in_another_pid_namespace_is_no_sdn_process() -> Result<()> {
     require_root();
     let host = Netns::new("dmtf")?;
     let dirs = TempDir::new("dmproc")?;
-    let name = unique("dm-sdn-");
+    let name = unique_comm("dm-sdn-");
     ensure!(name.len() <= 15, "{name} is longer than a comm");
     let binary = watched_sleep(&dirs, &name)?;
     let cache = TempDir::new("dmcache")?;

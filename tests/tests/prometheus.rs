@@ -13,7 +13,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
-use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, UdpStream, http_get_port, require_root, unique};
+use datapath_monitor_tests::{Agent, Netns, Pod, TempDir, UdpStream, http_get_port, require_root, unique_comm};
 use serde_json::Value;
 
 /// The eight alerts, as named in the manifests, the runbooks and the dashboard.
@@ -312,7 +312,7 @@ fn a_real_prometheus_fires_disruption_in_progress_during_a_drop_and_resolves_it_
     // A valid default network, so DatapathCNIDefaultNetworkMissing has no reason to pend.
     fs::write(dirs.join("10-test.conf"), r#"{"cniVersion": "0.4.0", "name": "test", "type": "bridge"}"#)?;
     // A watched name no other test's processes carry.
-    let sdn = unique("dm-none-");
+    let sdn = unique_comm("dmnone-");
     let (dir, state_dir) = (dirs.display(), state.display());
     let args = ["--sdn-process", &sdn, "--cni-dir", &dir, "--cni-cache-dir", &dir, "--state-dir", &state_dir];
     let agent = Agent::start(&host, &args)?;

@@ -11,7 +11,8 @@ use std::{
 
 use anyhow::{Context as _, Result, ensure};
 use datapath_monitor_tests::{
-    Agent, Netns, Pod, TempDir, UdpStream, addr, expected_tc_attach, require_root, scaled, send_udp, settle, sh, unique,
+    Agent, Netns, Pod, TempDir, UdpStream, addr, expected_tc_attach, require_root, scaled, send_udp, settle, sh,
+    unique_comm,
 };
 
 /// Capability bits (`linux/capability.h`).
@@ -452,7 +453,7 @@ fn without_the_process_and_drop_tracers_the_agent_says_so_and_keeps_the_rest() -
     let host = Netns::new("dmdg")?;
     let pod = Pod::new(&host, 24)?;
     let dirs = TempDir::new("dmdg")?;
-    let name = unique("dm-sdn-");
+    let name = unique_comm("dm-sdn-");
     let binary = dirs.join(&name);
     std::fs::copy("/bin/sleep", &binary)?;
     let (dir, cache) = (dirs.display(), TempDir::new("dmdgcache")?);
