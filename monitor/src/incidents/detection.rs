@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::{EngineConfig, record::LostPackets};
-use crate::sampling::sampler::InterfaceSeries;
+use crate::sampling::{sampler::InterfaceSeries, switches::UNFORWARDED_REASON};
 
 pub(super) const SECOND_NS: u64 = 1_000_000_000;
 /// TCP's initial retransmission timeout (`TCP_TIMEOUT_INIT`): a SYN is retransmitted no sooner.
@@ -65,8 +65,8 @@ pub fn is_benign_reason(reason: &str) -> bool {
             | "IP_CSUM"
             | "IP_INHDR"
             | "UNICAST_IN_L2_MULTICAST"
-            // A switch's entered-minus-left count: packets in flight across a sample make noise.
-            | crate::sampling::switches::UNFORWARDED_REASON
+            // A switch's entered-minus-left count: noisy by nature.
+            | UNFORWARDED_REASON
     ) || reason.starts_with("TCP_")
         || reason.starts_with("REASON_")
 }
@@ -470,15 +470,22 @@ impl InterfaceState {
         }
         // When the lost packets this interval shows were sent, as (earliest, latest): the
         // kernel's times for unanswered packets; the interval's midpoint (the least worst-case
-        // error) for drops and for SYNs left unanswered; for a retransmit, that midpoint less the
+        // error) for drops and for SYNs left unanswered, the one before for a switch's
+        // unforwarded packets; for a retransmit, that midpoint less the
         // least the sender waited before retransmitting (TCP's initial SYN timeout of 1 s, its
         // 200 ms minimum RTO for data): the lost packet is the one it retransmits; likewise for
         // a neighbour that failed (its queue is dropped a solicitation interval after the last
         // solicitation went out).
         let mid = |from: u64, to: u64| from + (to - from) / 2;
         let mut times: Vec<(u64, u64)> = Vec::new();
-        if lost.dropped.keys().any(|reason| reason != NEIGH_FAILED) {
+        if lost.dropped.keys().any(|reason| reason != NEIGH_FAILED && reason != UNFORWARDED_REASON) {
             let at = mid(prev_ns, now_ns);
+            times.push((at, at));
+        }
+        if lost.dropped.contains_key(UNFORWARDED_REASON) {
+            // A switch reports its unforwarded packets one sample late (see
+            // `crate::sampling::switches`): they entered during the interval before this one.
+            let at = mid(prev_ns, now_ns).saturating_sub(now_ns - prev_ns);
             times.push((at, at));
         }
         if lost.dropped.contains_key(NEIGH_FAILED) {

@@ -435,7 +435,7 @@ fn benign_drops_that_grow_or_shrink_with_the_traffic_open_no_incident() {
 /// incident). Loss-class evidence needs no warm-up; benign-class drops need a warm baseline.
 #[test]
 fn each_evidence_opens_an_incident_when_it_should() {
-    let cases: [(&str, Rates, bool); 10] = [
+    let cases: [(&str, Rates, bool); 11] = [
         ("unanswered from the first second", one_sided("veth0001", 0.0, 6.0), true),
         ("unanswered 2 s after start", one_sided("veth0001", 2.0, 8.0), true),
         (
@@ -466,6 +466,12 @@ fn each_evidence_opens_an_incident_when_it_should() {
             Rates { drops: 50, reason: "OTHERHOST", ..burst("veth0001", 12.0, 16.0, 0) },
             true,
         ),
+        (
+            // Packets a switch forwarded to no port in (12, 16], reported a sample late.
+            "NO_OUTPUT_PORT surge on a warm baseline",
+            Rates { drops: 50, reason: "NO_OUTPUT_PORT", ..burst("veth0001", 12.25, 16.25, 0) },
+            true,
+        ),
     ];
     for (what, rates, expected) in cases {
         let mut sim = Sim::new();
@@ -479,7 +485,13 @@ fn each_evidence_opens_an_incident_when_it_should() {
             // unanswered handshake waits); a retransmitted SYN tells of the SYN it repeats, sent
             // TCP's initial timeout (1 s) earlier, a NEIGH_FAILED drop of the solicitation that
             // went unanswered 1 s before it.
-            let lead = if what.starts_with("SYN retransmits") || what.starts_with("NEIGH_FAILED") { 1.0 } else { 0.0 };
+            let lead = if what.starts_with("SYN retransmits") || what.starts_with("NEIGH_FAILED") {
+                1.0
+            } else if what.starts_with("NO_OUTPUT_PORT") {
+                0.25
+            } else {
+                0.0
+            };
             let onset = stamp(rates.from - lead).wall;
             let start: jiff::Timestamp = incident.start.parse().unwrap();
             let error = start.duration_since(onset).as_secs_f64();
