@@ -14,6 +14,10 @@ pub struct DirectionCounters {
     pub packets: u64,
     /// `skb->len` as tc sees it (L2 frame without FCS).
     pub bytes: u64,
+    /// Frames to a group address (broadcast or multicast destination MAC): flooded, or
+    /// dropped by a switch's policy, rather than forwarded one in, one out. Read from the
+    /// linear part of the packet, where tc always finds the Ethernet header.
+    pub group: u64,
     /// TCP segments with RST set.
     pub tcp_resets: u64,
     /// SYNs (without ACK) repeating the sequence number of an earlier unanswered SYN.
@@ -35,11 +39,25 @@ pub struct DirectionCounters {
 }
 
 impl DirectionCounters {
+    pub const ZERO: Self = Self {
+        packets: 0,
+        bytes: 0,
+        group: 0,
+        tcp_resets: 0,
+        syn_retransmits: 0,
+        syns: 0,
+        syns_answered: 0,
+        unanswered: 0,
+        unanswered_since_ns: 0,
+        unanswered_last_ns: 0,
+    };
+
     /// Folds another CPU's copy in: counts add, the times are the latest.
     pub fn add(&mut self, other: &Self) {
         let Self {
             packets,
             bytes,
+            group,
             tcp_resets,
             syn_retransmits,
             syns,
@@ -50,6 +68,7 @@ impl DirectionCounters {
         } = other;
         self.packets += packets;
         self.bytes += bytes;
+        self.group += group;
         self.tcp_resets += tcp_resets;
         self.syn_retransmits += syn_retransmits;
         self.syns += syns;
@@ -393,9 +412,9 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<DirectionCounters>(), 9 * 8);
-        assert_eq!(size_of::<InterfaceCounters>(), 2 * 9 * 8);
-        assert_eq!(size_of::<InterfaceSlot>(), 4 + 4 + 2 * 9 * 8);
+        assert_eq!(size_of::<DirectionCounters>(), 10 * 8);
+        assert_eq!(size_of::<InterfaceCounters>(), 2 * 10 * 8);
+        assert_eq!(size_of::<InterfaceSlot>(), 4 + 4 + 2 * 10 * 8);
         assert_eq!(size_of::<ConversationSide>(), 8 + 8 + 4 + 4);
         assert_eq!(size_of::<Conversation>(), 8 + 2 * 24);
         assert!(CONVERSATIONS_MAX.is_power_of_two());

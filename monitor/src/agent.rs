@@ -210,7 +210,7 @@ fn spawn_sampling(
             }
             let now = Stamp::now();
             // Switches are judged like interfaces: their unforwarded packets are drops.
-            let observed: Vec<_> = sample.interfaces.iter().chain(&sample.switches).cloned().collect();
+            let observed = sample.judged();
             let (updates, open) = {
                 let mut engine = lock(&engine);
                 let updates = engine.observe(now, &observed);

@@ -297,6 +297,23 @@ fn a_fault_two_seconds_after_the_agent_is_ready_is_one_incident_counting_what_wa
     Ok(())
 }
 
+/// Two pods on one L2 segment in `host`, ports of its bridge `brdm`: (netns, host-side veth, IP).
+fn bridged_pods(host: &Netns) -> Result<Vec<(Netns, String, &'static str)>> {
+    host.exec(&["ip", "link", "add", "brdm", "type", "bridge"])?;
+    host.exec(&["ip", "link", "set", "brdm", "up"])?;
+    let mut pods = Vec::new();
+    for (n, ip) in [(0u8, "10.78.0.2"), (1, "10.78.0.3")] {
+        let ns = Netns::new("dmtp")?;
+        let veth = format!("vethbr{n}{:05x}", std::process::id() & 0xfffff);
+        host.exec(&["ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns.name])?;
+        host.exec(&["ip", "link", "set", &veth, "master", "brdm", "up"])?;
+        ns.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+        ns.exec(&["ip", "link", "set", "eth0", "up"])?;
+        pods.push((ns, veth, ip));
+    }
+    Ok(pods)
+}
+
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
 fn packets_a_bridge_forwards_to_no_port_are_lost_on_the_switch() -> Result<()> {
@@ -309,29 +326,52 @@ fn packets_a_bridge_forwards_to_no_port_are_lost_on_the_switch() -> Result<()> {
     };
     require_root();
     let host = Netns::new("dmti")?;
-    host.exec(&["ip", "link", "add", "brdm", "type", "bridge"])?;
-    host.exec(&["ip", "link", "set", "brdm", "up"])?;
-    // Two pods on one L2 segment, ports of the bridge; static neighbours, so B never speaks.
-    let mut pods = Vec::new();
-    for (n, ip) in [(0u8, "10.78.0.2"), (1, "10.78.0.3")] {
-        let ns = Netns::new("dmtp")?;
-        let veth = format!("vethbr{n}{:05x}", std::process::id() & 0xfffff);
-        host.exec(&["ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns.name])?;
-        host.exec(&["ip", "link", "set", &veth, "master", "brdm", "up"])?;
-        ns.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
-        ns.exec(&["ip", "link", "set", "eth0", "up"])?;
-        pods.push((ns, veth, ip));
-    }
+    let pods = bridged_pods(&host)?;
     let (a, b) = (&pods[0], &pods[1]);
     let b_mac = datapath_monitor_tests::mac_of(&b.0, "eth0")?;
     a.0.exec(&["ip", "neigh", "replace", b.2, "lladdr", &b_mac, "dev", "eth0", "nud", "permanent"])?;
+    // The host on the bridge's own device, as a bridge CNI's gateway (cni0): what A sends it
+    // leaves the switch through that device, which the agent watches, and is no loss.
+    host.exec(&["ip", "addr", "add", "10.78.0.1/24", "dev", "brdm"])?;
+    let bridge_mac = datapath_monitor_tests::mac_of(&host, "brdm")?;
+    a.0.exec(&["ip", "neigh", "replace", "10.78.0.1", "lladdr", &bridge_mac, "dev", "eth0", "nud", "permanent"])?;
     let state = TempDir::new("dmstate")?;
     let dir = state.display();
-    let agent = Agent::start(&host, &["--cni-dir", &dir, "--cni-cache-dir", &dir, "--state-dir", &dir])?;
+    let agent = Agent::start(
+        &host,
+        &[
+            "--interface",
+            "veth*",
+            "--interface",
+            "brdm",
+            "--cni-dir",
+            &dir,
+            "--cni-cache-dir",
+            &dir,
+            "--state-dir",
+            &dir,
+        ],
+    )?;
 
     // A sends B 200 datagrams a second; the bridge has not learnt B's port, so it floods them.
+    // A sends the host as many.
     let stop = Arc::new(AtomicBool::new(false));
     let (sent, received) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let host_received = Arc::new(AtomicU64::new(0));
+    let host_receiver = {
+        let (stop, received) = (Arc::clone(&stop), Arc::clone(&host_received));
+        host.spawn(move || -> Result<()> {
+            let socket = UdpSocket::bind("10.78.0.1:7101")?;
+            socket.set_read_timeout(Some(Duration::from_millis(100)))?;
+            let mut buffer = [0u8; 256];
+            while !stop.load(Ordering::Relaxed) {
+                if socket.recv(&mut buffer).is_ok() {
+                    received.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        })?
+    };
     let receiver = {
         let (stop, received) = (Arc::clone(&stop), Arc::clone(&received));
         b.0.spawn(move || -> Result<()> {
@@ -355,6 +395,7 @@ fn packets_a_bridge_forwards_to_no_port_are_lost_on_the_switch() -> Result<()> {
                 let due = (started.elapsed().as_secs_f64() * 200.0) as u64;
                 while sent.load(Ordering::Relaxed) < due {
                     socket.send_to(&[0x5a; 64], &target)?;
+                    socket.send_to(&[0x5a; 64], "10.78.0.1:7101")?;
                     sent.fetch_add(1, Ordering::Relaxed);
                 }
                 thread::sleep(Duration::from_millis(5));
@@ -378,8 +419,11 @@ fn packets_a_bridge_forwards_to_no_port_are_lost_on_the_switch() -> Result<()> {
 
     let all = closed_incidents(&agent)?;
     stop.store(true, Ordering::Relaxed);
-    let _ = (sender.join(), receiver.join());
+    let _ = (sender.join(), receiver.join(), host_receiver.join());
     println!("{}", serde_json::to_string_pretty(&all)?);
+    let (to_host, host_got) = (sent.load(Ordering::Relaxed), host_received.load(Ordering::Relaxed));
+    println!("datagrams A sent the host on the bridge's device: {to_host}, received: {host_got}");
+    ensure!(host_got + 5 >= to_host, "the host received {host_got} of {to_host} datagrams");
     ensure!(all.len() == 1, "expected exactly one incident: {all:#?}");
     let interfaces = all[0]["interfaces"].as_array().context("interfaces")?;
     let switch = interfaces.iter().find(|i| i["interface"] == "brdm").context(format!("no brdm in {all:#?}"))?;

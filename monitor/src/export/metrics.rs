@@ -6,7 +6,8 @@
 //! state and the incident engine, instead of keeping a second set of counters in user space.
 //! Three collectors, one per source:
 //!
-//! - the sample: `datapath_packets_total`, `datapath_bytes_total`, `datapath_tcp_resets_total`,
+//! - the sample: `datapath_packets_total`, `datapath_bytes_total`, `datapath_group_packets_total`,
+//!   `datapath_tcp_resets_total`,
 //!   `datapath_tcp_syn_retransmits_total`, `datapath_tcp_retransmits_total`, `datapath_tcp_handshakes_total`,
 //!   `datapath_tcp_handshakes_answered_total`, `datapath_unanswered_packets_total`, `datapath_drops_total`,
 //!   `datapath_switch_unforwarded_packets_total`,
@@ -151,6 +152,12 @@ impl Collector for SampleCollector {
             "datapath_bytes",
             "Bytes (skb length) seen by tc on watched interfaces.",
             per_direction(|c| c.bytes),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_group_packets",
+            "Packets to a broadcast or multicast MAC address seen by tc on watched interfaces.",
+            per_direction(|c| c.group),
         )?;
         counter(&mut encoder, "datapath_tcp_resets", "TCP segments carrying RST.", per_direction(|c| c.tcp_resets))?;
         counter(

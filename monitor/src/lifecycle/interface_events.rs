@@ -95,6 +95,7 @@ mod tests {
             oper_up: up,
             peer: Some(PeerLink { ifindex: 2, netnsid: Some(0), netns_inode: Some(4026532000) }),
             master: None,
+            port_kind: None,
         }
     }
 

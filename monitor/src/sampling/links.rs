@@ -28,8 +28,10 @@ pub struct LinkFacts {
     pub oper_up: bool,
     /// For a veth: its peer, from IFLA_LINK (+ IFLA_LINK_NETNSID when in another netns).
     pub peer: Option<PeerLink>,
-    /// IFLA_MASTER: the switch this link is a port of (a bridge, OVS's `ovs-system`).
+    /// IFLA_MASTER: the device this link is a port of (a bridge, OVS's `ovs-system`, a bond).
     pub master: Option<u32>,
+    /// IFLA_INFO_SLAVE_KIND: the master's kind, e.g. "bridge", "openvswitch", "bond", "vrf".
+    pub port_kind: Option<String>,
 }
 
 impl LinkFacts {
@@ -46,6 +48,7 @@ impl LinkFacts {
     /// Reads an RTM_NEWLINK/RTM_DELLINK message; None when it carries no name.
     pub(super) fn from_message(message: &LinkMessage) -> Option<Self> {
         let (mut name, mut kind, mut link, mut netnsid, mut master) = (None, None, None, None, None);
+        let mut port_kind = None;
         for attribute in &message.attributes {
             match attribute {
                 LinkAttribute::IfName(value) => name = Some(value.clone()),
@@ -53,10 +56,13 @@ impl LinkFacts {
                 LinkAttribute::LinkNetNsId(id) => netnsid = Some(*id),
                 LinkAttribute::Controller(ifindex) if *ifindex != 0 => master = Some(*ifindex),
                 LinkAttribute::LinkInfo(infos) => {
-                    kind = infos.iter().find_map(|info| match info {
-                        LinkInfo::Kind(kind) => Some(kind.to_string()),
-                        _ => None,
-                    });
+                    for info in infos {
+                        match info {
+                            LinkInfo::Kind(value) => kind = Some(value.to_string()),
+                            LinkInfo::PortKind(value) => port_kind = Some(value.to_string()),
+                            _ => {}
+                        }
+                    }
                 }
                 _ => {}
             }
@@ -76,6 +82,7 @@ impl LinkFacts {
             oper_up: header.flags.contains(LinkFlags::Running),
             peer,
             master,
+            port_kind,
         })
     }
 }
@@ -240,6 +247,7 @@ pub(super) mod fixtures {
             oper_up: true,
             peer: None,
             master: None,
+            port_kind: None,
         }
     }
 
@@ -255,7 +263,7 @@ pub(super) mod fixtures {
 
 #[cfg(test)]
 mod tests {
-    use netlink_packet_route::link::{InfoKind, LinkHeader};
+    use netlink_packet_route::link::{InfoKind, InfoPortKind, LinkHeader};
 
     use super::{
         fixtures::{filter, link, veth},
@@ -278,7 +286,12 @@ mod tests {
 
     #[test]
     fn facts_come_from_the_link_message() {
-        let attributes = vec![LinkAttribute::Link(4), LinkAttribute::LinkNetNsId(2), LinkAttribute::Controller(3)];
+        let attributes = vec![
+            LinkAttribute::Link(4),
+            LinkAttribute::LinkNetNsId(2),
+            LinkAttribute::Controller(3),
+            LinkAttribute::LinkInfo(vec![LinkInfo::PortKind(InfoPortKind::Other("openvswitch".into()))]),
+        ];
         let message = link_message(9, "veth1", Some(InfoKind::Veth), attributes);
         let facts = LinkFacts::from_message(&message).expect("has a name");
         assert_eq!(
@@ -292,6 +305,7 @@ mod tests {
                 oper_up: false,
                 peer: Some(PeerLink { ifindex: 4, netnsid: Some(2), netns_inode: None }),
                 master: Some(3),
+                port_kind: Some("openvswitch".into()),
             }
         );
         let vlan = link_message(10, "eth0.5", Some(InfoKind::Vlan), vec![LinkAttribute::Link(2)]);

@@ -207,6 +207,15 @@ const ATTACHMENT_CHECK: Duration = Duration::from_secs(5);
 /// How often the flow table's entries are counted (one syscall per entry, 65536 at most).
 const FLOW_TABLE_COUNT: Duration = Duration::from_secs(10);
 
+impl Sample {
+    /// What the incident engine judges: every interface, and every switch, whose unforwarded
+    /// packets are drops. A switch whose own device is watched too (a Linux bridge, see
+    /// [`super::switches`]) is that device: its unforwarded packets join the device's series.
+    pub fn judged(&self) -> Vec<InterfaceSeries> {
+        super::switches::judged(&self.interfaces, &self.switches)
+    }
+}
+
 impl Sampler {
     pub fn new(datapath: Datapath, own_netns: u64, grace: Duration, entry_idle: Duration) -> Self {
         let reason_names = datapath.drop_reason_names().clone();

@@ -1,12 +1,26 @@
 //! Switches whose ports are watched: packets that entered a switch and left on no port.
 //!
-//! A port's switch is its IFLA_MASTER (a Linux bridge, or OVS's kernel datapath
-//! `ovs-system`). Every packet a switch forwards enters on one watched port and leaves on
-//! another, so over a sample the packets that entered minus those that left are packets the
-//! switch dropped (a missing flow, a failed upcall, a disabled port), whatever the kernel
-//! says about them. A packet enters through tc ingress on a veth or a tunnel (the pod or the
-//! remote node sends it), through tc egress on an OVS internal port (the host sends it).
-//! Flooding makes more leave than entered: such samples count nothing (a lower bound).
+//! A port's switch is its IFLA_MASTER when that is a switch (IFLA_INFO_SLAVE_KIND `openvswitch`:
+//! OVS's kernel datapath `ovs-system`; or `bridge`: a Linux bridge), never a bond, team or VRF,
+//! whose ports forward nothing to each other. Every packet a switch forwards enters on one
+//! port and leaves on another, so over a sample the packets that entered minus those that left
+//! are packets the switch dropped (a missing flow, a failed upcall, a disabled port), whatever
+//! the kernel says about them. A packet enters through tc ingress on a veth or a tunnel (the
+//! pod or the remote node sends it), through tc egress on a port the host sends through: an
+//! OVS internal port, or a Linux bridge's own device. Flooding makes more leave than entered:
+//! such samples count nothing (a lower bound).
+//!
+//! A Linux bridge hands the host what is addressed to it through its own device, so the bridge
+//! is accounted only while that device is watched too (`--interface cni0`); otherwise every
+//! packet from a pod to the host or beyond would look unforwarded. That is said once in the
+//! log. OVS's datapath device is no port that traffic uses (each bridge's LOCAL port is an
+//! internal port of its own).
+//!
+//! Only unicast frames are counted. Frames to a group address (broadcast, multicast: ARP
+//! requests, IPv6 router solicitations and MLD reports) are flooded to every port or none, and
+//! a switch drops many by policy (openshift-sdn's and this lab's flows forward no IPv6): they
+//! say nothing about forwarding. Three pods' router solicitations, dropped by such a flow
+//! together, had looked like a 3-packet outage.
 //!
 //! Two artefacts of sampling are not drops and are kept out:
 //! - a sample in which a port joins or leaves the switch counts nothing for it: the packets
@@ -17,9 +31,11 @@
 //!   next. A sample's excess is held for one sample and only what the next sample's surplus
 //!   does not take back is counted, so the switch's evidence comes one sample late.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use monitor_common::InterfaceCounters;
+
+use tracing::info;
 
 use super::{LinkFacts, sampler::InterfaceSeries};
 
@@ -43,14 +59,18 @@ struct Switch {
 #[derive(Debug, Default)]
 pub struct Switches {
     switches: BTreeMap<u32, Switch>,
+    /// Linux bridges with watched ports whose own device is not watched (said once each).
+    unaccounted: BTreeSet<u32>,
 }
 
-/// (entered the switch, left it) through this port.
-fn through(link: &LinkFacts, counters: &InterfaceCounters) -> [u64; 2] {
-    if link.kind.as_deref() == Some("openvswitch") {
-        [counters.egress.packets, counters.ingress.packets]
+/// Unicast packets (entered the switch, left it) through this port: the other way round
+/// for a port the host sends through.
+fn through(counters: &InterfaceCounters, host_side: bool) -> [u64; 2] {
+    let unicast = |d: &monitor_common::DirectionCounters| d.packets.saturating_sub(d.group);
+    if host_side {
+        [unicast(&counters.egress), unicast(&counters.ingress)]
     } else {
-        [counters.ingress.packets, counters.egress.packets]
+        [unicast(&counters.ingress), unicast(&counters.egress)]
     }
 }
 
@@ -63,12 +83,43 @@ impl Switches {
         ports: impl Iterator<Item = (&'a LinkFacts, InterfaceCounters)>,
         name_of: impl Fn(u32) -> Option<String>,
     ) -> Vec<InterfaceSeries> {
+        let watched: Vec<(&LinkFacts, InterfaceCounters)> = ports.collect();
+        let counters_of: HashMap<u32, &InterfaceCounters> =
+            watched.iter().map(|(link, counters)| (link.ifindex, counters)).collect();
         let mut now: BTreeMap<u32, HashMap<u32, [u64; 2]>> = BTreeMap::new();
-        for (link, counters) in ports {
-            if let Some(master) = link.master {
-                now.entry(master).or_default().insert(link.ifindex, through(link, &counters));
+        let mut unwatched_bridges = BTreeSet::new();
+        for (link, counters) in &watched {
+            let Some(master) = link.master else { continue };
+            match link.port_kind.as_deref() {
+                Some("openvswitch") => {
+                    let internal = link.kind.as_deref() == Some("openvswitch");
+                    now.entry(master).or_default().insert(link.ifindex, through(counters, internal));
+                }
+                Some("bridge") => match counters_of.get(&master) {
+                    Some(device) => {
+                        let ports = now.entry(master).or_default();
+                        ports.insert(link.ifindex, through(counters, false));
+                        ports.insert(master, through(device, true));
+                    }
+                    None => {
+                        unwatched_bridges.insert(master);
+                    }
+                },
+                _ => {}
             }
         }
+        for master in &unwatched_bridges {
+            if !self.unaccounted.contains(master) {
+                let name = name_of(*master).unwrap_or_else(|| format!("switch-{master}"));
+                info!(
+                    bridge = %name,
+                    "bridge {name} has watched ports but its own device is not watched: what it hands the host \
+                     cannot be told from what it drops, so it gets no NO_OUTPUT_PORT count (watch it with \
+                     --interface {name} for one)"
+                );
+            }
+        }
+        self.unaccounted = unwatched_bridges;
         self.switches.retain(|master, _| now.contains_key(master));
         let mut series = Vec::new();
         for (master, ports) in now {
@@ -113,6 +164,23 @@ impl Switches {
     }
 }
 
+/// The interfaces and the switches, each judged once: a switch whose own device is watched
+/// too (a Linux bridge) is that device, and its unforwarded packets join the device's series.
+pub fn judged(interfaces: &[InterfaceSeries], switches: &[InterfaceSeries]) -> Vec<InterfaceSeries> {
+    let mut judged = interfaces.to_vec();
+    for switch in switches {
+        match judged.iter_mut().find(|s| s.ifindex == switch.ifindex && !s.removed) {
+            Some(device) => {
+                for (reason, count) in &switch.drops {
+                    *device.drops.entry(reason.clone()).or_default() += count;
+                }
+            }
+            None => judged.push(switch.clone()),
+        }
+    }
+    judged
+}
+
 /// The name of the link with this ifindex in the agent's netns.
 pub fn link_name(ifindex: u32) -> Option<String> {
     let mut buffer = [0u8; libc::IF_NAMESIZE];
@@ -132,8 +200,18 @@ mod tests {
     use super::*;
     use crate::sampling::links::fixtures::link;
 
+    /// A port of OVS's datapath `master`.
     fn port(ifindex: u32, kind: &str, master: u32) -> LinkFacts {
-        LinkFacts { kind: Some(kind.to_string()), master: Some(master), ..link(ifindex, &format!("p{ifindex}")) }
+        port_of(ifindex, kind, master, "openvswitch")
+    }
+
+    fn port_of(ifindex: u32, kind: &str, master: u32, port_kind: &str) -> LinkFacts {
+        LinkFacts {
+            kind: Some(kind.to_string()),
+            master: Some(master),
+            port_kind: Some(port_kind.to_string()),
+            ..link(ifindex, &format!("p{ifindex}"))
+        }
     }
 
     fn counters(ingress: u64, egress: u64) -> InterfaceCounters {
@@ -199,6 +277,82 @@ mod tests {
         assert_eq!(sample(&[(&a, [40, 0]), (&c, [0, 10])]), switch(0));
         // A switch left with one watched port is not reported.
         assert!(sample(&[(&a, [50, 0])]).is_empty());
+    }
+
+    #[test]
+    fn frames_to_a_group_address_are_not_counted() {
+        let (a, b) = (port(10, "veth", 3), port(11, "veth", 3));
+        let name = |_: u32| None;
+        let mut switches = Switches::default();
+        // (ingress packets, of them to a group address) at a; b takes nothing.
+        let mut sample = |packets: u64, group: u64| {
+            let a_counters = InterfaceCounters {
+                ingress: DirectionCounters { packets, group, ..Default::default() },
+                ..InterfaceCounters::default()
+            };
+            unforwarded(&switches.observe([(&a, a_counters), (&b, counters(0, 0))].into_iter(), name))
+        };
+        let switch = |n: u64| vec![("switch-3".to_string(), n)];
+        assert_eq!(sample(0, 0), switch(0));
+        // Three router solicitations that the switch's flows drop: not a forwarding failure.
+        assert_eq!(sample(3, 3), switch(0));
+        assert_eq!(sample(3, 3), switch(0));
+        // Two unicast frames forwarded nowhere are.
+        assert_eq!(sample(5, 3), switch(0));
+        assert_eq!(sample(5, 3), switch(2));
+    }
+
+    #[test]
+    fn a_linux_bridge_counts_with_its_own_device_and_a_bond_never() {
+        let (a, b) = (port_of(10, "veth", 3, "bridge"), port_of(11, "veth", 3, "bridge"));
+        let device = LinkFacts { kind: Some("bridge".into()), ..link(3, "cni0") };
+        let (slave1, slave2) = (port_of(20, "veth", 5, "bond"), port_of(21, "veth", 5, "bond"));
+        let name = |ifindex: u32| Some(format!("dev{ifindex}"));
+        let mut switches = Switches::default();
+        // a's ingress, the bridge device's (ingress, egress); b and the bond's slaves take nothing.
+        let mut sample = |a_in: u64, device_: Option<[u64; 2]>| {
+            let mut ports = vec![(&a, counters(a_in, 0)), (&b, counters(0, 0))];
+            ports.extend(device_.map(|[i, e]| (&device, counters(i, e))));
+            ports.extend([(&slave1, counters(a_in, 0)), (&slave2, counters(0, 0))]);
+            unforwarded(&switches.observe(ports.into_iter(), name))
+        };
+        // Without its device the bridge is not accounted: a's packets may be the host's.
+        assert!(sample(0, None).is_empty());
+        assert!(sample(40, None).is_empty());
+        // With it, what the bridge hands the host (the device's ingress) was forwarded...
+        assert_eq!(sample(40, Some([0, 0])), vec![("dev3".to_string(), 0)]);
+        assert_eq!(sample(70, Some([30, 0])), vec![("dev3".to_string(), 0)]);
+        assert_eq!(sample(70, Some([30, 0])), vec![("dev3".to_string(), 0)]);
+        // ... and what it hands no port and not the host was not; the host's own packets
+        // enter through the device's egress.
+        assert_eq!(sample(80, Some([30, 5])), vec![("dev3".to_string(), 0)]);
+        assert_eq!(sample(80, Some([30, 5])), vec![("dev3".to_string(), 15)]);
+    }
+
+    #[test]
+    fn a_watched_bridge_device_is_its_switch() {
+        let series = |name: &str, ifindex: u32, drops: &[(&str, u64)]| InterfaceSeries {
+            interface: name.to_string(),
+            ifindex,
+            drops: drops.iter().map(|(reason, n)| (reason.to_string(), *n)).collect(),
+            ..InterfaceSeries::default()
+        };
+        let interfaces = [series("cni0", 3, &[("NO_SOCKET", 2)]), series("veth1", 10, &[])];
+        let switches =
+            [series("cni0", 3, &[(UNFORWARDED_REASON, 7)]), series("ovs-system", 5, &[(UNFORWARDED_REASON, 1)])];
+        let judged = judged(&interfaces, &switches);
+        let drops: Vec<(&str, Vec<(&str, u64)>)> = judged
+            .iter()
+            .map(|s| (s.interface.as_str(), s.drops.iter().map(|(r, n)| (r.as_str(), *n)).collect()))
+            .collect();
+        assert_eq!(
+            drops,
+            vec![
+                ("cni0", vec![(UNFORWARDED_REASON, 7), ("NO_SOCKET", 2)]),
+                ("veth1", vec![]),
+                ("ovs-system", vec![(UNFORWARDED_REASON, 1)]),
+            ]
+        );
     }
 
     #[test]
