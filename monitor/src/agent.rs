@@ -61,12 +61,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let timeline = Arc::new(Timeline::new(config.event_capacity));
     let sources = Sources::new();
 
+    // The sampler reads the kernel's count of process reports its ring buffer had no room for.
+    let (lost_process_reports, lost_reports_rx) = watch::channel(0);
     let (process_watcher, processes_task) = processes::start(
         process_probe,
         config.sdn_processes.clone(),
         config.process_restart_window(),
         Arc::clone(&timeline),
         sources.handle(SDN_PROCESSES),
+        lost_reports_rx,
     )
     .context("watching SDN processes")?;
     let (cni_watcher, cni_task) =
@@ -140,6 +143,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Arc::clone(&latest),
         Arc::clone(&history),
         sources.handle(TC_PROGRAMS),
+        lost_process_reports,
     );
 
     let signal = wait_for_signal().await?;
@@ -174,6 +178,7 @@ fn spawn_sampling(
     latest: Arc<LatestSample>,
     history: Arc<IncidentHistory>,
     tc_programs: SourceHandle,
+    lost_process_reports: watch::Sender<u64>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
@@ -200,6 +205,8 @@ fn spawn_sampling(
                 sampler.set_ovs_datapaths(&ovs);
                 sampler.sample()
             };
+            let lost = sample.map_errors[monitor_common::MAP_ERROR_PROCESS_EVENTS as usize];
+            lost_process_reports.send_if_modified(|total| std::mem::replace(total, lost) != lost);
             if sample.tc_pending.is_empty() {
                 tc_programs.up();
             } else {

@@ -159,6 +159,19 @@ impl ProcessReports {
         guard.clear_ready();
         Ok(batch)
     }
+
+    /// Every report the ring buffer holds now, without waiting.
+    pub fn drain_now(&mut self) -> Vec<ProcessEvent> {
+        let ring = self.ring.get_mut();
+        let mut batch = Vec::new();
+        while let Some(item) = ring.next() {
+            match decode_event(&item) {
+                Some(event) => batch.push(event),
+                None => debug!(len = item.len(), "short process event"),
+            }
+        }
+        batch
+    }
 }
 
 /// A [`ProcessEvent`] from its bytes in the ring buffer (layout of the `repr(C)` struct).

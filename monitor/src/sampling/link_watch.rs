@@ -84,6 +84,9 @@ struct LinkWatch {
     dump: Option<Dump>,
     /// The receive queue overflowed during a dump: dump again when it ends.
     resync_wanted: bool,
+    /// Link events were lost (the receive queue overflowed) and the dump that repairs the
+    /// table has not finished yet: the source is down meanwhile.
+    events_lost: bool,
     /// A peer netns lookup missed while rescans were rate-limited.
     rescan_at: Option<Instant>,
 }
@@ -97,6 +100,7 @@ impl LinkWatch {
             netns: NetnsResolver::open()?,
             dump: None,
             resync_wanted: false,
+            events_lost: false,
             rescan_at: None,
         })
     }
@@ -106,7 +110,7 @@ impl LinkWatch {
     /// that came, changed or went meanwhile are reported then.
     async fn run(mut self, events_tx: mpsc::Sender<LinkEvent>, health: SourceHandle) {
         loop {
-            if let Err(error) = self.follow(&events_tx).await {
+            if let Err(error) = self.follow(&events_tx, &health).await {
                 health.down(format!("link watch failed: {}", errors::chain(&error)));
             } else {
                 return;
@@ -133,11 +137,19 @@ impl LinkWatch {
         self.netns.clear();
         self.dump = None;
         self.resync_wanted = false;
+        self.events_lost = false;
         self.start_dump().await
     }
 
-    /// Follows events; Ok when the receiver is dropped, Err when the socket failed.
-    async fn follow(&mut self, events_tx: &mpsc::Sender<LinkEvent>) -> Result<(), InterfaceError> {
+    /// Follows events; Ok when the receiver is dropped, Err when the socket failed. Lost
+    /// events (an overflowed receive queue) count as a failure of `health` until the dump
+    /// that repairs the table has been applied.
+    async fn follow(
+        &mut self,
+        events_tx: &mpsc::Sender<LinkEvent>,
+        health: &SourceHandle,
+    ) -> Result<(), InterfaceError> {
+        let mut reported_lost = false;
         loop {
             let rescan_at = self.rescan_at;
             let wake = tokio::select! {
@@ -160,6 +172,14 @@ impl LinkWatch {
             for event in events {
                 if events_tx.send(event).await.is_err() {
                     return Ok(());
+                }
+            }
+            if self.events_lost != reported_lost {
+                reported_lost = self.events_lost;
+                if reported_lost {
+                    health.down("link events lost: the netlink receive queue overflowed; dumping every link again");
+                } else {
+                    health.up();
                 }
             }
             outcome?;
@@ -203,6 +223,7 @@ impl LinkWatch {
         warn!("netlink receive queue overflowed: link events were lost, dumping all links again");
         // nsid deletions may have been lost with them.
         self.netns.clear();
+        self.events_lost = true;
         if self.dump.is_some() {
             self.resync_wanted = true;
             Ok(())
@@ -274,6 +295,9 @@ impl LinkWatch {
         }
         if std::mem::take(&mut self.resync_wanted) {
             self.start_dump().await?;
+        } else {
+            // The table is whole again: what the lost events said, this dump said too.
+            self.events_lost = false;
         }
         Ok(())
     }
@@ -743,10 +767,8 @@ mod netns_tests {
                 expected.extend([a, b]);
             }
             let (events_tx, mut events) = mpsc::channel(EVENT_QUEUE);
-            tokio::spawn(watch.run(
-                events_tx,
-                crate::lifecycle::sources::Sources::new().handle(crate::lifecycle::sources::LINK_WATCH),
-            ));
+            let sources = crate::lifecycle::sources::Sources::new();
+            tokio::spawn(watch.run(events_tx, sources.handle(crate::lifecycle::sources::LINK_WATCH)));
             let mut added_names: Vec<String> = Vec::new();
             while added_names.len() < expected.len() {
                 match next_event(&mut events).await {
@@ -758,6 +780,17 @@ mod netns_tests {
             added_names.sort();
             expected.sort();
             assert_eq!(added_names, expected);
+            // The lost events were a failure of the source, repaired by the dump.
+            tokio::time::timeout(TIMEOUT, async {
+                while !sources.down().is_empty() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+            .expect("the link watch is up again once the dump is applied");
+            let state = &sources.snapshot()[crate::lifecycle::sources::LINK_WATCH];
+            assert!(state.failures >= 1, "{state:?}");
+            assert!(state.error.as_deref().is_some_and(|e| e.contains("overflowed")), "{state:?}");
         });
     }
 }

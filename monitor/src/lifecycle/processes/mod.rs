@@ -34,7 +34,7 @@ use std::{
 use anyhow::Context as _;
 use monitor_common::{COMM_LEN, PID_NS_OTHER, ProcessEvent};
 use serde::Serialize;
-use tokio::task::JoinHandle;
+use tokio::{sync::watch, task::JoinHandle};
 use tracing::{debug, warn};
 
 pub use self::{exit_status::ExitStatus, instances::comm_of};
@@ -106,7 +106,9 @@ pub struct ProcessState {
 
 /// Starts watching `names` (kernel comm names, as the configuration checked them). Scans /proc for the processes already running, then follows the kernel's
 /// reports from `probe`; without a probe (unsupported kernel) only /proc is rescanned
-/// periodically, so the running state stays right but no events are recorded.
+/// periodically, so the running state stays right but no events are recorded. `lost_reports`
+/// follows the total of reports the kernel could not queue (its ring buffer was full): each
+/// rise is a failure of `health`, repaired by a /proc rescan at once.
 ///
 /// Must be called inside a tokio runtime.
 pub fn start(
@@ -115,6 +117,7 @@ pub fn start(
     restart_window: Duration,
     timeline: Arc<Timeline>,
     health: SourceHandle,
+    lost_reports: watch::Receiver<u64>,
 ) -> anyhow::Result<(ProcessWatcher, JoinHandle<()>)> {
     let mut watched: Vec<String> = Vec::new();
     for name in names {
@@ -143,7 +146,7 @@ pub fn start(
     let tracker = Arc::new(tracker);
     let scans = Arc::new(Scans { proc_root, depth });
     let follower = Follower { tracker: Arc::clone(&tracker), timeline, scans, names: watched, health };
-    let task = tokio::spawn(follower.run(reports, instances, resync_every));
+    let task = tokio::spawn(follower.run(reports, instances, resync_every, Some(lost_reports)));
     Ok((ProcessWatcher { tracker }, task))
 }
 
@@ -158,97 +161,139 @@ struct Follower {
 
 impl Follower {
     /// The watcher's task: kernel reports as they come, /proc rescans as needed (after exits, at
-    /// most one per [`MIN_RESCAN_INTERVAL`]).
-    async fn run(self, mut reports: Option<ProcessReports>, mut instances: InstanceNames, resync_every: Duration) {
-        let Self { tracker, timeline, scans, names, health } = self;
-        let proc_root = scans.proc_root.clone();
-        if names.is_empty() {
+    /// most one per [`MIN_RESCAN_INTERVAL`]; and at once when reports were lost).
+    async fn run(
+        self,
+        mut reports: Option<ProcessReports>,
+        mut instances: InstanceNames,
+        resync_every: Duration,
+        mut lost_reports: Option<watch::Receiver<u64>>,
+    ) {
+        if self.names.is_empty() {
             return;
         }
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + resync_every, resync_every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_exit_scan: Option<tokio::time::Instant> = None;
+        let mut lost_seen = 0;
         loop {
             let batch = tokio::select! {
                 batch = next_batch(&mut reports) => batch,
                 _ = ticker.tick() => {
-                    (instances, _) = rescan_off_runtime(&tracker, instances, &scans, names.clone(), false).await;
+                    (instances, _) = rescan_off_runtime(&self.tracker, instances, &self.scans, self.names.clone(), false).await;
+                    continue;
+                }
+                lost = lost_changed(&mut lost_reports) => {
+                    if lost > lost_seen && reports.is_some() {
+                        instances = self.repair(lost - lost_seen, &mut reports, instances, &mut last_exit_scan).await;
+                    }
+                    lost_seen = lost_seen.max(lost);
                     continue;
                 }
             };
-            let batch = match batch {
-                Ok(batch) => batch,
+            match batch {
+                Ok(batch) => instances = self.apply(batch, instances, &mut last_exit_scan).await,
                 Err(error) => {
                     // /proc alone then keeps the running state right, without events.
-                    health.down(format!("reading process events failed: {error}"));
+                    self.health.down(format!("reading process events failed: {error}"));
                     reports = None;
                     ticker = tokio::time::interval(RESYNC_WITHOUT_PROBE);
-                    continue;
                 }
-            };
-            let mut exited: Vec<String> = Vec::new();
-            let mut events = Vec::new();
-            for raw in batch {
-                // A pod may run a binary named like an SDN daemon, and kill it: only processes in
-                // the agent's PID namespace (the host's) are the node's.
-                if raw.pid_ns == PID_NS_OTHER {
-                    let comm = comm_name(&raw.comm);
-                    if lock(&tracker).ignore_foreign(&comm) {
-                        warn!(
-                            process = comm,
-                            pid = raw.tgid,
-                            "a process named like a watched SDN process runs outside the host's PID namespace \
-                         (in a pod): its starts and exits are counted as foreign reports and ignored"
-                        );
-                    }
-                    continue;
-                }
-                let Some(observation) = Observation::from_kernel(&raw, Stamp::from_monotonic(raw.ktime_ns)) else {
-                    debug!(?raw, "unreadable process event");
-                    continue;
-                };
-                // An exec of an instanced comm is named by its command line, read now (outside
-                // the lock); its exit finds the instance from the pid.
-                let observation = if observation.is_exec() && is_instanced(observation.name()) {
-                    let name = instances.name(&proc_root, observation.name(), observation.pid);
-                    observation.named(name)
-                } else {
-                    observation
-                };
-                debug!(?observation, ppid = raw.ppid, "process event");
-                let pid = observation.pid;
-                for event in lock(&tracker).observe(observation) {
-                    let comm = comm_of(&event.subject).to_string();
-                    if event.kind == EventKind::ProcessExit && !exited.contains(&comm) {
-                        exited.push(comm);
-                    }
-                    events.push((pid, event));
-                }
-            }
-            // Who carries on: a daemon's child that the exit left behind, or nobody. Its
-            // parent's exit is recorded as a hand-off, never as a cause of an incident.
-            let handoffs = if exited.is_empty() {
-                Vec::new()
-            } else {
-                // A process that exits in a loop must not make /proc walks back to back.
-                if let Some(last) = last_exit_scan {
-                    tokio::time::sleep_until(last + MIN_RESCAN_INTERVAL).await;
-                }
-                last_exit_scan = Some(tokio::time::Instant::now());
-                let handoffs;
-                (instances, handoffs) = rescan_off_runtime(&tracker, instances, &scans, exited, true).await;
-                handoffs
-            };
-            for (pid, event) in events {
-                let handoff = (event.kind == EventKind::ProcessExit)
-                    .then(|| handoffs.iter().find(|h| h.name == event.subject && h.parent == pid))
-                    .flatten();
-                timeline.record(match handoff {
-                    Some(handoff) => event.daemon_handoff(handoff.child),
-                    None => event,
-                });
             }
         }
+    }
+
+    /// The kernel could not report `lost` starts or exits (its ring buffer was full): the
+    /// source is down until what the ring still holds is applied and /proc rescanned, which
+    /// makes the running processes right again (the lost starts and exits stay unrecorded).
+    async fn repair(
+        &self,
+        lost: u64,
+        reports: &mut Option<ProcessReports>,
+        mut instances: InstanceNames,
+        last_exit_scan: &mut Option<tokio::time::Instant>,
+    ) -> InstanceNames {
+        self.health.down(format!("{lost} process reports lost: the kernel's ring buffer was full; rescanning /proc"));
+        if let Some(batch) = reports.as_mut().map(ProcessReports::drain_now) {
+            instances = self.apply(batch, instances, last_exit_scan).await;
+        }
+        (instances, _) = rescan_off_runtime(&self.tracker, instances, &self.scans, self.names.clone(), false).await;
+        self.health.up();
+        instances
+    }
+
+    /// Applies one batch of kernel reports: state, and events into the timeline.
+    async fn apply(
+        &self,
+        batch: Vec<ProcessEvent>,
+        mut instances: InstanceNames,
+        last_exit_scan: &mut Option<tokio::time::Instant>,
+    ) -> InstanceNames {
+        let Self { tracker, timeline, scans, .. } = self;
+        let proc_root = &scans.proc_root;
+        let mut exited: Vec<String> = Vec::new();
+        let mut events = Vec::new();
+        for raw in batch {
+            // A pod may run a binary named like an SDN daemon, and kill it: only processes in
+            // the agent's PID namespace (the host's) are the node's.
+            if raw.pid_ns == PID_NS_OTHER {
+                let comm = comm_name(&raw.comm);
+                if lock(tracker).ignore_foreign(&comm) {
+                    warn!(
+                        process = comm,
+                        pid = raw.tgid,
+                        "a process named like a watched SDN process runs outside the host's PID namespace \
+                         (in a pod): its starts and exits are counted as foreign reports and ignored"
+                    );
+                }
+                continue;
+            }
+            let Some(observation) = Observation::from_kernel(&raw, Stamp::from_monotonic(raw.ktime_ns)) else {
+                debug!(?raw, "unreadable process event");
+                continue;
+            };
+            // An exec of an instanced comm is named by its command line, read now (outside
+            // the lock); its exit finds the instance from the pid.
+            let observation = if observation.is_exec() && is_instanced(observation.name()) {
+                let name = instances.name(proc_root, observation.name(), observation.pid);
+                observation.named(name)
+            } else {
+                observation
+            };
+            debug!(?observation, ppid = raw.ppid, "process event");
+            let pid = observation.pid;
+            for event in lock(tracker).observe(observation) {
+                let comm = comm_of(&event.subject).to_string();
+                if event.kind == EventKind::ProcessExit && !exited.contains(&comm) {
+                    exited.push(comm);
+                }
+                events.push((pid, event));
+            }
+        }
+        // Who carries on: a daemon's child that the exit left behind, or nobody. Its
+        // parent's exit is recorded as a hand-off, never as a cause of an incident.
+        let handoffs = if exited.is_empty() {
+            Vec::new()
+        } else {
+            // A process that exits in a loop must not make /proc walks back to back.
+            if let Some(last) = *last_exit_scan {
+                tokio::time::sleep_until(last + MIN_RESCAN_INTERVAL).await;
+            }
+            *last_exit_scan = Some(tokio::time::Instant::now());
+            let handoffs;
+            (instances, handoffs) = rescan_off_runtime(tracker, instances, scans, exited, true).await;
+            handoffs
+        };
+        for (pid, event) in events {
+            let handoff = (event.kind == EventKind::ProcessExit)
+                .then(|| handoffs.iter().find(|h| h.name == event.subject && h.parent == pid))
+                .flatten();
+            timeline.record(match handoff {
+                Some(handoff) => event.daemon_handoff(handoff.child),
+                None => event,
+            });
+        }
+        instances
     }
 }
 
@@ -256,6 +301,16 @@ impl Follower {
 fn comm_name(comm: &[u8; COMM_LEN]) -> String {
     let end = comm.iter().position(|b| *b == 0).unwrap_or(COMM_LEN);
     String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+/// The next total of lost process reports; never, once its sender is gone.
+async fn lost_changed(lost: &mut Option<watch::Receiver<u64>>) -> u64 {
+    let Some(receiver) = lost else { return std::future::pending().await };
+    if receiver.changed().await.is_err() {
+        *lost = None;
+        return std::future::pending().await;
+    }
+    *receiver.borrow_and_update()
 }
 
 /// The next reports of the kernel's process tracer; never, without one.
@@ -356,6 +411,11 @@ mod tests {
         timeline::EventKind,
     };
 
+    /// A count of lost reports that never rises (its sender is gone).
+    fn no_losses() -> watch::Receiver<u64> {
+        watch::channel(0).1
+    }
+
     fn test_health() -> SourceHandle {
         Sources::new().handle(SDN_PROCESSES)
     }
@@ -395,9 +455,15 @@ mod tests {
         let probe = datapath.start_process_probe(&[NAME.to_string()]).unwrap();
         assert_eq!(datapath.probes().probes.get("sched_process"), Some(&Some("tracepoint".to_string())));
         let timeline = Arc::new(Timeline::new(100));
-        let (watcher, task) =
-            start(Some(probe), vec![NAME.to_string()], Duration::from_secs(60), Arc::clone(&timeline), test_health())
-                .unwrap();
+        let (watcher, task) = start(
+            Some(probe),
+            vec![NAME.to_string()],
+            Duration::from_secs(60),
+            Arc::clone(&timeline),
+            test_health(),
+            no_losses(),
+        )
+        .unwrap();
         let snapshot = watcher.snapshot();
         assert_eq!(snapshot.processes[0].running, [early_pid]);
         assert_eq!(snapshot.processes[0].starts, 0);
@@ -541,6 +607,7 @@ mod tests {
             Duration::from_secs(60),
             Arc::clone(&timeline),
             test_health(),
+            no_losses(),
         )
         .unwrap();
         let names = |watcher: &ProcessWatcher| -> Vec<String> {
