@@ -504,6 +504,54 @@ fn cache_entry(namespace: &str, pod: &str, container: &str, interfaces: serde_js
     .to_string()
 }
 
+/// The CNI cache watch broken for real, as the CNI config one above: the node's inotify
+/// watches are used up when the cache dir appears. `cni_cache` is down, a pod written to the
+/// cache meanwhile is not named; once watches are free the retry rescans the dir and names it.
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn a_cni_cache_dir_that_cannot_be_watched_is_reported_down_and_read_once_it_can() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmtc")?;
+    let parent = TempDir::new("dmnowatchcache")?;
+    let cni = TempDir::new("dmcni")?;
+    let cache = parent.join("results");
+    let cache_str = cache.display().to_string();
+    let agent = Agent::start(&host, &lifecycle_args(&[&cni.display()], &cache_str, "dm-none"))?;
+    let source = |m: &datapath_monitor_tests::Metrics| m.value("datapath_source_up", &[("source", "cni_cache")]);
+    agent.wait_metrics("cni_cache up", |m| source(m) == 1.0)?;
+    let pod = Pod::new(&host, 2)?;
+    let named = |ns: &'static str, name: &'static str| {
+        let veth = pod.veth.clone();
+        move |m: &datapath_monitor_tests::Metrics| {
+            m.has("datapath_packets_total", &[("interface", &veth), ("pod_namespace", ns), ("pod", name)])
+        }
+    };
+    agent.wait_metrics("the pod, unnamed", named("", ""))?;
+
+    let limit = InotifyWatchLimit::set(1)?;
+    fs::create_dir(&cache)?;
+    agent.wait_metrics("cni_cache down", |m| source(m) == 0.0)?;
+    let (status, body) = agent.get("/readyz")?;
+    let ready: serde_json::Value = serde_json::from_str(&body)?;
+    ensure!(status == 200 && ready["degraded"] == serde_json::json!(["cni_cache"]), "{status} {body}");
+    let error = ready["sources"]["cni_cache"]["error"].as_str().unwrap_or_default();
+    ensure!(error.contains(&cache_str) && error.contains("No space left on device"), "{body}");
+    let sandbox = format!("/var/run/netns/{}", pod.ns.name);
+    let interfaces = serde_json::json!([{"name": "eth0", "mac": "0a:58:0a:81:00:2b", "sandbox": sandbox}]);
+    fs::write(
+        cache.join("openshift-sdn-5c1e-eth0"),
+        cache_entry("openshift-dns", "dns-x7", "5c1e", interfaces, "10.77.2.2/30"),
+    )?;
+    settle();
+    ensure!(agent.metrics().is_ok_and(|m| named("", "")(&m)), "named without a watch?");
+
+    drop(limit);
+    agent.wait_metrics("the pod named after the retry", named("openshift-dns", "dns-x7"))?;
+    let metrics = agent.wait_metrics("cni_cache up", |m| source(m) == 1.0)?;
+    ensure!(metrics.value("datapath_source_failures_total", &[("source", "cni_cache")]) == 1.0, "{}", metrics.text);
+    Ok(())
+}
+
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
 fn pods_are_named_from_the_cni_cache_and_interfaces_report_events() -> Result<()> {
