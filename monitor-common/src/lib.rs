@@ -297,6 +297,9 @@ pub const KFREE_SKB_TRACEPOINT_PROGRAM: &str = "kfree_skb_tp";
 /// On `openvswitch:ovs_dp_upcall` (openvswitch.ko): names failed upcalls' drops.
 pub const OVS_UPCALL_PROGRAM: &str = "ovs_upcall";
 pub const UPCALL_CONFIG_MAP: &str = "UPCALL_CONFIG";
+/// [start, end) of `ovs_dp_process_packet`'s code and of its cold part, from /proc/kallsyms:
+/// where a failed upcall's packet is freed. Zeroes: unknown.
+pub const UPCALL_SITE_MAP: &str = "UPCALL_SITE";
 /// On `sched:sched_process_exec` and `sched:sched_process_exit`.
 pub const PROCESS_EXEC_PROGRAM: &str = "process_exec";
 pub const PROCESS_EXIT_PROGRAM: &str = "process_exit";

@@ -23,7 +23,7 @@ use monitor_common::{
 
 use crate::{
     packets::count_map_error,
-    upcalls::{UpcallPart, upcall_part},
+    upcalls::{UpcallPart, at_upcall_site, upcall_part},
 };
 
 /// `SKB_DROP_REASON_NOT_SPECIFIED` on this kernel (its value moved in 6.3).
@@ -71,8 +71,9 @@ fn global(value: &'static u32) -> u32 {
 #[btf_tracepoint(function = "kfree_skb")]
 pub fn kfree_skb_btf(ctx: BtfTracePointContext) -> i32 {
     let skb: *const u8 = ctx.arg(0);
+    let location: u64 = ctx.arg(1);
     let reason = if global(&HAS_REASON) != 0 { ctx.arg::<u32>(2) } else { DROP_REASON_UNKNOWN };
-    record_drop(skb, reason);
+    record_drop(skb, reason, location);
     0
 }
 
@@ -89,14 +90,16 @@ pub fn kfree_skb_tp(ctx: TracePointContext) -> u32 {
         // SAFETY: as above.
         offset => unsafe { ctx.read_at::<u32>(offset as usize) }.unwrap_or(DROP_REASON_UNKNOWN),
     };
-    record_drop(skb as *const u8, reason);
+    // The location is left unread here: failed upcalls are then told by address and time.
+    record_drop(skb as *const u8, reason, 0);
     0
 }
 
-fn record_drop(skb: *const u8, mut reason: u32) {
+/// `location`: the address the drop was called from (0: unknown).
+fn record_drop(skb: *const u8, mut reason: u32, location: u64) {
     let device = device_of(skb);
     if reason == global(&NOT_SPECIFIED_REASON) || reason == DROP_REASON_UNKNOWN {
-        match upcall_part(skb, device.is_some() || protocol_of(skb) != 0) {
+        match upcall_part(skb, device.is_some() || protocol_of(skb) != 0, at_upcall_site(location)) {
             // The packet of an OVS upcall that just failed on this CPU: named by the failure.
             UpcallPart::Packet => reason = UPCALL_FAILED_REASON,
             // The upcall's refused netlink message: no packet; the packet's drop follows.

@@ -34,6 +34,27 @@ static UPCALL_INFLIGHT: PerCpuArray<Upcall> = PerCpuArray::with_max_entries(1, 0
 #[map(name = "UPCALL_CONFIG")]
 static UPCALL_CONFIG: Array<u32> = Array::with_max_entries(1, 0);
 
+/// [start, end) of `ovs_dp_process_packet`'s code (the agent writes it from /proc/kallsyms when
+/// openvswitch.ko appears). Its one `kfree_skb` frees the packet of a failed upcall: a drop
+/// called from there is one, and a drop called from anywhere else is not, even of a packet
+/// that reuses the address of an upcall that succeeded (its packet consumed, unseen).
+/// Two ranges, [0, 1) and [2, 3): the function and its cold part, which the compiler may
+/// have moved the failure path to (an empty range when there is none).
+#[map(name = "UPCALL_SITE")]
+static UPCALL_SITE: Array<u64> = Array::with_max_entries(4, 0);
+
+/// Whether a drop called from `location` was called from the failed-upcall site; None when
+/// the site or the location is unknown (the classic tracepoint, addresses hidden).
+pub(crate) fn at_upcall_site(location: u64) -> Option<bool> {
+    let bound = |index: u32| UPCALL_SITE.get(index).copied().unwrap_or(0);
+    let (start, end) = (bound(0), bound(1));
+    if location == 0 || start == 0 || end <= start {
+        return None;
+    }
+    let (cold_start, cold_end) = (bound(2), bound(3));
+    Some((location >= start && location < end) || (location >= cold_start && location < cold_end))
+}
+
 /// A failed upcall's `kfree_skb` of its packet follows the tracepoint on the same CPU within
 /// microseconds, but under software emulation it has taken over 5 ms (the 6.1 guest in CI:
 /// 49 of 50 named). The packet is matched by its address, so the window only has to keep
@@ -68,11 +89,21 @@ pub(crate) enum UpcallPart {
 }
 
 /// What `skb`, dropped now as `NOT_SPECIFIED`, is to this CPU's latest upcall. `packet_like`:
-/// it has a device or a protocol, which a netlink message never has.
-pub(crate) fn upcall_part(skb: *const u8, packet_like: bool) -> UpcallPart {
-    let Some(slot) = UPCALL_INFLIGHT.get_ptr_mut(0) else { return UpcallPart::Neither };
+/// it has a device or a protocol, which a netlink message never has. `site`: whether the
+/// drop was called from the failed-upcall site ([`at_upcall_site`]); when that is unknown,
+/// the packet is recognised by its address and time alone.
+pub(crate) fn upcall_part(skb: *const u8, packet_like: bool, site: Option<bool>) -> UpcallPart {
+    let Some(slot) = UPCALL_INFLIGHT.get_ptr_mut(0) else {
+        return if site == Some(true) { UpcallPart::Packet } else { UpcallPart::Neither };
+    };
     // SAFETY: as above.
     let upcall = unsafe { &mut *slot };
+    if site == Some(true) {
+        if upcall.skb == skb as u64 {
+            upcall.skb = 0;
+        }
+        return UpcallPart::Packet;
+    }
     if upcall.skb == 0 {
         return UpcallPart::Neither;
     }
@@ -80,7 +111,8 @@ pub(crate) fn upcall_part(skb: *const u8, packet_like: bool) -> UpcallPart {
     let age = unsafe { bpf_ktime_get_ns() }.saturating_sub(upcall.at_ns);
     if upcall.skb == skb as u64 {
         upcall.skb = 0;
-        return if age <= UPCALL_PACKET_WINDOW_NS { UpcallPart::Packet } else { UpcallPart::Neither };
+        // Freed elsewhere (site known): the upcall succeeded and this packet reuses its address.
+        return if site.is_none() && age <= UPCALL_PACKET_WINDOW_NS { UpcallPart::Packet } else { UpcallPart::Neither };
     }
     if age <= UPCALL_MESSAGE_WINDOW_NS && !packet_like { UpcallPart::Message } else { UpcallPart::Neither }
 }

@@ -521,6 +521,12 @@ fn broadcasts_the_flows_drop_are_not_counted_as_unforwarded() -> Result<()> {
     let kernel: Vec<String> =
         drops_of(&agent.metrics()?, &veth_a).map(|(reason, value)| format!("{reason}={value}")).collect();
     println!("the kernel's drops on {veth_a}: {kernel:?}");
+    // ovs-vswitchd runs: every upcall succeeds and its packet is freed as consumed. A drop of a
+    // later packet that reuses such a packet's address is no failed upcall.
+    let failed: f64 =
+        drops_of(&agent.metrics()?, &veth_a).filter(|(reason, _)| *reason == "OVS_UPCALL_FAILED").map(|(_, v)| v).sum();
+    ensure!(after.lost == before.lost, "ovs-dpctl lost {} upcalls", after.lost - before.lost);
+    ensure!(failed == 0.0, "{failed} drops on {veth_a} named OVS_UPCALL_FAILED, ovs-dpctl lost none");
     let incidents = agent.get_json("/api/v1/incidents")?;
     let on_switch = incidents.as_array().into_iter().flatten().flat_map(|i| i["interfaces"].as_array()).flatten();
     for member in on_switch {

@@ -238,6 +238,56 @@ pub fn module_reason_names() -> BTreeMap<u32, String> {
     }
 }
 
+/// The function of openvswitch.ko whose one `kfree_skb` frees the packet of a failed upcall.
+const UPCALL_SITE_FUNCTION: &str = "ovs_dp_process_packet";
+
+/// Where OVS's kernel datapath frees the packet of a failed upcall: [start, end) of
+/// `ovs_dp_process_packet` and of its cold part (`.cold`, else an empty range), read from
+/// `kallsyms` (/proc/kallsyms, opened at start-up, when the agent could still read addresses:
+/// the kernel decides that at open).
+pub fn ovs_upcall_site(kallsyms: &mut std::fs::File) -> Result<[u64; 4], String> {
+    use std::io::{Read as _, Seek as _};
+    let mut text = String::new();
+    kallsyms
+        .seek(std::io::SeekFrom::Start(0))
+        .and_then(|_| kallsyms.read_to_string(&mut text))
+        .map_err(|error| format!("reading /proc/kallsyms: {error}"))?;
+    upcall_site_in(&text)
+}
+
+/// [`ovs_upcall_site`] from the text of /proc/kallsyms. A function ends where the module's
+/// next text symbol begins.
+fn upcall_site_in(kallsyms: &str) -> Result<[u64; 4], String> {
+    let cold = format!("{UPCALL_SITE_FUNCTION}.cold");
+    let (mut start, mut cold_start, mut text) = (None, None, Vec::new());
+    for line in kallsyms.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(address), Some(kind), Some(name), Some("[openvswitch]")) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if !matches!(kind, "t" | "T") {
+            continue;
+        }
+        let Ok(address) = u64::from_str_radix(address, 16) else { continue };
+        if name == UPCALL_SITE_FUNCTION {
+            start = Some(address);
+        } else if name == cold {
+            cold_start = Some(address);
+        }
+        text.push(address);
+    }
+    let start = start.ok_or_else(|| format!("no {UPCALL_SITE_FUNCTION} of openvswitch.ko in /proc/kallsyms"))?;
+    if start == 0 {
+        return Err("/proc/kallsyms hides addresses from this agent (kptr_restrict; CAP_SYSLOG)".into());
+    }
+    let end_of = |start: u64| text.iter().copied().filter(|address| *address > start).min();
+    let end = end_of(start).ok_or_else(|| format!("no symbol after {UPCALL_SITE_FUNCTION} in openvswitch.ko"))?;
+    let (cold_start, cold_end) = cold_start.and_then(|cold| Some((cold, end_of(cold)?))).unwrap_or_default();
+    Ok([start, end, cold_start, cold_end])
+}
+
 /// `SKB_DROP_REASON_SUBSYS_OPENVSWITCH`: OVS's own drop reasons are `3 << 16 | n`.
 const SUBSYS_OPENVSWITCH: u32 = 3;
 
@@ -348,6 +398,30 @@ pub fn read_kfree_skb_format() -> Result<TracepointLayout, DatapathError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_upcall_site_is_the_function_and_its_cold_part_up_to_the_next_symbols() {
+        let kallsyms = "ffffffff81000000 T _stext
+ffffffffc0a01000 t ovs_dp_upcall_helper\t[openvswitch]
+ffffffffc0a01230 T ovs_dp_process_packet\t[openvswitch]
+ffffffffc0a01100 d ovs_net_id\t[openvswitch]
+ffffffffc0a01400 t queue_userspace_packet\t[openvswitch]
+ffffffffc0a09000 t ovs_dp_process_packet.cold\t[openvswitch]
+ffffffffc0a09080 t ovs_vport_receive.cold\t[openvswitch]
+ffffffffc0b00000 t other_function\t[nf_conntrack]
+";
+        assert_eq!(
+            upcall_site_in(kallsyms),
+            Ok([0xffffffffc0a01230, 0xffffffffc0a01400, 0xffffffffc0a09000, 0xffffffffc0a09080])
+        );
+        // No cold part: an empty second range.
+        let plain: String = kallsyms.lines().filter(|l| !l.contains(".cold")).map(|l| format!("{l}\n")).collect();
+        assert_eq!(upcall_site_in(&plain), Ok([0xffffffffc0a01230, 0xffffffffc0a01400, 0, 0]));
+        // Addresses hidden from an unprivileged reader read as zeroes.
+        let hidden = "0000000000000000 T ovs_dp_process_packet\t[openvswitch]\n0000000000000000 t x\t[openvswitch]\n";
+        assert!(upcall_site_in(hidden).is_err_and(|e| e.contains("hides addresses")));
+        assert!(upcall_site_in("ffffffff81000000 T _stext\n").is_err_and(|e| e.contains("no ovs_dp_process_packet")));
+    }
 
     // From a 6.18 kernel (rx_sk arrived in 6.11).
     const FORMAT_6_18: &str = "name: kfree_skb

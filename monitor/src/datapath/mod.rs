@@ -160,6 +160,9 @@ pub struct Datapath {
     /// Keeps the kernel's run-time statistics on while the agent runs.
     stats: Option<OwnedFd>,
     pod_addresses: PodAddressMaps,
+    /// /proc/kallsyms, opened at start-up: where failed upcalls' packets are freed, read
+    /// when openvswitch.ko appears.
+    kallsyms: Option<std::fs::File>,
 }
 
 impl Datapath {
@@ -250,8 +253,18 @@ impl Datapath {
             }
         }
         probes.record(RETRANSMIT_PROBE, &retransmit_tracer);
-        let upcall_tracer =
-            if disabled(UPCALL_PROBE) { Err(DISABLED.to_string()) } else { attach_upcall_tracer(&mut ebpf) };
+        // Opened now, while the agent holds every capability: the kernel decides at open
+        // whether this reader sees addresses, and openvswitch.ko may only load much later.
+        let mut kallsyms = std::fs::File::open("/proc/kallsyms")
+            .inspect_err(
+                |error| warn!(%error, "cannot open /proc/kallsyms: failed upcalls are named by address and time"),
+            )
+            .ok();
+        let upcall_tracer = if disabled(UPCALL_PROBE) {
+            Err(DISABLED.to_string())
+        } else {
+            attach_upcall_tracer(&mut ebpf, kallsyms.as_mut())
+        };
         match &upcall_tracer {
             Ok(variant) => info!(variant, "OVS upcall tracer attached"),
             Err(reason) => info!(%reason, "OVS upcall tracer not attached; retried while the agent runs"),
@@ -318,6 +331,7 @@ impl Datapath {
             process_offsets,
             stats,
             pod_addresses,
+            kallsyms,
         })
     }
 
@@ -333,7 +347,7 @@ impl Datapath {
         if self.probes.probes.get(UPCALL_PROBE).is_some_and(Option::is_some) || self.disabled.contains(&UPCALL_PROBE) {
             return false;
         }
-        let result = attach_upcall_tracer(&mut self.ebpf);
+        let result = attach_upcall_tracer(&mut self.ebpf, self.kallsyms.as_mut());
         match &result {
             Ok(variant) => info!(variant, "OVS upcall tracer attached (openvswitch.ko appeared)"),
             Err(reason) => debug!(%reason, "OVS upcall tracer still not attached"),

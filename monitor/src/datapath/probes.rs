@@ -19,9 +19,10 @@ use aya::{
 };
 use monitor_common::{
     KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM, OVS_UPCALL_PROGRAM, TCP_RETRANSMIT_PROGRAM, UPCALL_CONFIG_MAP,
+    UPCALL_SITE_MAP,
 };
 use serde::Serialize;
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 use super::{DatapathError, program_mut};
 use crate::errors;
@@ -167,7 +168,10 @@ pub(super) fn attach_drop_tracer(
 /// The tracer on `openvswitch:ovs_dp_upcall`; fails while openvswitch.ko is not loaded (the
 /// caller retries). Its record's `skbaddr` offset comes from the format file, into
 /// [`UPCALL_CONFIG_MAP`] (the program was loaded before the module was there).
-pub(super) fn attach_upcall_tracer(ebpf: &mut Ebpf) -> Result<&'static str, String> {
+pub(super) fn attach_upcall_tracer(
+    ebpf: &mut Ebpf,
+    kallsyms: Option<&mut std::fs::File>,
+) -> Result<&'static str, String> {
     if !std::path::Path::new("/sys/module/openvswitch").exists() {
         return Err("openvswitch.ko is not loaded (no OVS kernel datapath on this node yet)".into());
     }
@@ -177,6 +181,26 @@ pub(super) fn attach_upcall_tracer(ebpf: &mut Ebpf) -> Result<&'static str, Stri
     let config = ebpf.map_mut(UPCALL_CONFIG_MAP).ok_or_else(|| format!("no {UPCALL_CONFIG_MAP} map"))?;
     let mut config: Array<_, u32> = Array::try_from(config).map_err(|error| error.to_string())?;
     config.set(0, offset, 0).map_err(|error| format!("{UPCALL_CONFIG_MAP}: {error}"))?;
+    // Where the failed upcalls' packets are freed: without it they are told by address and
+    // time alone, and a packet reusing the address of an upcall that succeeded may pass for one.
+    let site = kallsyms
+        .ok_or_else(|| "/proc/kallsyms could not be opened at start-up".to_string())
+        .and_then(super::kernel_layout::ovs_upcall_site);
+    match site {
+        Ok(bounds) => {
+            let site = ebpf.map_mut(UPCALL_SITE_MAP).ok_or_else(|| format!("no {UPCALL_SITE_MAP} map"))?;
+            let mut site: Array<_, u64> = Array::try_from(site).map_err(|error| error.to_string())?;
+            for (index, bound) in (0..).zip(bounds) {
+                site.set(index, bound, 0).map_err(|error| format!("{UPCALL_SITE_MAP}: {error}"))?;
+            }
+            info!(site = ?bounds.map(|bound| format!("{bound:#x}")), "failed upcalls are named by where the kernel frees them");
+        }
+        Err(reason) => warn!(
+            %reason,
+            "failed upcalls are named by packet address and time only: a drop of a packet that reuses the address of \
+             an upcall that succeeded may be named OVS_UPCALL_FAILED"
+        ),
+    }
     program_mut::<TracePoint>(ebpf, OVS_UPCALL_PROGRAM)
         .and_then(|program| {
             if program.fd().is_err() {
