@@ -10,6 +10,9 @@
 //! | `CAP_SYS_PTRACE` | reading `/proc/<pid>/ns/net` and `ns/pid` of other users' processes (pods' network namespaces, the PID namespace check) |
 //! | `CAP_LEASE` | the `F_SETLEASE` probe on CNI config files owned by another user (is it still being written?) |
 //!
+//! Dropped with the rest: `CAP_SYSLOG`, which only opening `/proc/kallsyms` at start-up needs
+//! (the open file keeps showing addresses; see `kernel_layout::ovs_upcall_site`).
+//!
 //! Without `CAP_BPF` in the permitted set (a kernel before 5.8 or a runtime that does not
 //! grant it), `CAP_SYS_ADMIN` stands in for `CAP_BPF` and `CAP_PERFMON` and is kept.
 //!
