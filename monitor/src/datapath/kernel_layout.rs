@@ -246,21 +246,23 @@ const UPCALL_SITE_FUNCTION: &str = "ovs_dp_process_packet";
 /// `kallsyms` (/proc/kallsyms, opened at start-up, when the agent could still read addresses:
 /// the kernel decides that at open).
 pub fn ovs_upcall_site(kallsyms: &mut std::fs::File) -> Result<[u64; 4], String> {
-    use std::io::{Read as _, Seek as _};
-    let mut text = String::new();
-    kallsyms
-        .seek(std::io::SeekFrom::Start(0))
-        .and_then(|_| kallsyms.read_to_string(&mut text))
-        .map_err(|error| format!("reading /proc/kallsyms: {error}"))?;
-    upcall_site_in(&text)
+    use std::io::{BufRead as _, Seek as _};
+    let reading = |error: std::io::Error| format!("reading /proc/kallsyms: {error}");
+    kallsyms.seek(std::io::SeekFrom::Start(0)).map_err(reading)?;
+    // Line by line: the whole file is megabytes.
+    let lines: Result<Vec<String>, _> = std::io::BufReader::new(kallsyms)
+        .lines()
+        .filter(|line| line.as_ref().map_or(true, |line| line.ends_with("[openvswitch]")))
+        .collect();
+    upcall_site_in(lines.map_err(reading)?.iter().map(String::as_str))
 }
 
-/// [`ovs_upcall_site`] from the text of /proc/kallsyms. A function ends where the module's
+/// [`ovs_upcall_site`] from the lines of /proc/kallsyms. A function ends where the module's
 /// next text symbol begins.
-fn upcall_site_in(kallsyms: &str) -> Result<[u64; 4], String> {
+fn upcall_site_in<'a>(kallsyms: impl Iterator<Item = &'a str>) -> Result<[u64; 4], String> {
     let cold = format!("{UPCALL_SITE_FUNCTION}.cold");
     let (mut start, mut cold_start, mut text) = (None, None, Vec::new());
-    for line in kallsyms.lines() {
+    for line in kallsyms {
         let mut fields = line.split_whitespace();
         let (Some(address), Some(kind), Some(name), Some("[openvswitch]")) =
             (fields.next(), fields.next(), fields.next(), fields.next())
@@ -411,16 +413,19 @@ ffffffffc0a09080 t ovs_vport_receive.cold\t[openvswitch]
 ffffffffc0b00000 t other_function\t[nf_conntrack]
 ";
         assert_eq!(
-            upcall_site_in(kallsyms),
+            upcall_site_in(kallsyms.lines()),
             Ok([0xffffffffc0a01230, 0xffffffffc0a01400, 0xffffffffc0a09000, 0xffffffffc0a09080])
         );
         // No cold part: an empty second range.
         let plain: String = kallsyms.lines().filter(|l| !l.contains(".cold")).map(|l| format!("{l}\n")).collect();
-        assert_eq!(upcall_site_in(&plain), Ok([0xffffffffc0a01230, 0xffffffffc0a01400, 0, 0]));
+        assert_eq!(upcall_site_in(plain.lines()), Ok([0xffffffffc0a01230, 0xffffffffc0a01400, 0, 0]));
         // Addresses hidden from an unprivileged reader read as zeroes.
         let hidden = "0000000000000000 T ovs_dp_process_packet\t[openvswitch]\n0000000000000000 t x\t[openvswitch]\n";
-        assert!(upcall_site_in(hidden).is_err_and(|e| e.contains("hides addresses")));
-        assert!(upcall_site_in("ffffffff81000000 T _stext\n").is_err_and(|e| e.contains("no ovs_dp_process_packet")));
+        assert!(upcall_site_in(hidden.lines()).is_err_and(|e| e.contains("hides addresses")));
+        assert!(
+            upcall_site_in("ffffffff81000000 T _stext\n".lines())
+                .is_err_and(|e| e.contains("no ovs_dp_process_packet"))
+        );
     }
 
     // From a 6.18 kernel (rx_sk arrived in 6.11).
