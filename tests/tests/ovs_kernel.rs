@@ -295,6 +295,10 @@ fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Re
     let readyz = agent.get_json("/readyz")?;
     println!("probes: {}", readyz["probes"]);
     ensure!(readyz["probes"]["probes"]["ovs_upcall"] == "tracepoint", "upcall tracer not attached: {readyz}");
+    // As root the agent reads ovs_dp_process_packet's addresses: drops are named by where the
+    // kernel freed them, not by packet address and time.
+    let log = agent.log_text();
+    ensure!(log.contains("failed upcalls are named by where the kernel frees them"), "{log}");
     // OVS's own drop reasons exist from Linux 6.4: named from the module's BTF, else said why not.
     let reasons = &readyz["probes"]["probes"]["ovs_drop_reasons"];
     if kernel_version()? >= (6, 4) {
