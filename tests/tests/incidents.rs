@@ -4,8 +4,13 @@
 
 use std::{
     fs,
+    net::UdpSocket,
     os::unix::fs::PermissionsExt as _,
     process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -314,16 +319,30 @@ fn bridged_pods(host: &Netns) -> Result<Vec<(Netns, String, &'static str)>> {
     Ok(pods)
 }
 
+/// Counts the datagrams that reach `bind` in `ns` into `received` until `stop`.
+fn count_datagrams(
+    ns: &Netns,
+    bind: &'static str,
+    stop: &Arc<AtomicBool>,
+    received: &Arc<AtomicU64>,
+) -> Result<thread::JoinHandle<Result<Result<()>>>> {
+    let (stop, received) = (Arc::clone(stop), Arc::clone(received));
+    ns.spawn(move || -> Result<()> {
+        let socket = UdpSocket::bind(bind)?;
+        socket.set_read_timeout(Some(Duration::from_millis(100)))?;
+        let mut buffer = [0u8; 256];
+        while !stop.load(Ordering::Relaxed) {
+            if socket.recv(&mut buffer).is_ok() {
+                received.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    })
+}
+
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
 fn packets_a_bridge_forwards_to_no_port_are_lost_on_the_switch() -> Result<()> {
-    use std::{
-        net::UdpSocket,
-        sync::{
-            Arc,
-            atomic::{AtomicBool, AtomicU64, Ordering},
-        },
-    };
     require_root();
     let host = Netns::new("dmti")?;
     let pods = bridged_pods(&host)?;
@@ -358,34 +377,8 @@ fn packets_a_bridge_forwards_to_no_port_are_lost_on_the_switch() -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let (sent, received) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let host_received = Arc::new(AtomicU64::new(0));
-    let host_receiver = {
-        let (stop, received) = (Arc::clone(&stop), Arc::clone(&host_received));
-        host.spawn(move || -> Result<()> {
-            let socket = UdpSocket::bind("10.78.0.1:7101")?;
-            socket.set_read_timeout(Some(Duration::from_millis(100)))?;
-            let mut buffer = [0u8; 256];
-            while !stop.load(Ordering::Relaxed) {
-                if socket.recv(&mut buffer).is_ok() {
-                    received.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Ok(())
-        })?
-    };
-    let receiver = {
-        let (stop, received) = (Arc::clone(&stop), Arc::clone(&received));
-        b.0.spawn(move || -> Result<()> {
-            let socket = UdpSocket::bind("0.0.0.0:7100")?;
-            socket.set_read_timeout(Some(Duration::from_millis(100)))?;
-            let mut buffer = [0u8; 256];
-            while !stop.load(Ordering::Relaxed) {
-                if socket.recv(&mut buffer).is_ok() {
-                    received.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Ok(())
-        })?
-    };
+    let host_receiver = count_datagrams(&host, "10.78.0.1:7101", &stop, &host_received)?;
+    let receiver = count_datagrams(&b.0, "0.0.0.0:7100", &stop, &received)?;
     let sender = {
         let (stop, sent, target) = (Arc::clone(&stop), Arc::clone(&sent), format!("{}:7100", b.2));
         a.0.spawn(move || -> Result<()> {

@@ -167,6 +167,17 @@ impl Drop for InotifyWatchLimit {
     }
 }
 
+/// `/readyz` says the agent is ready but degraded: `source` alone is down, because `dir`
+/// could not be watched (no inotify watch left: ENOSPC).
+fn expect_unwatchable(agent: &Agent, source: &str, dir: &str) -> Result<()> {
+    let (status, body) = agent.get("/readyz")?;
+    let ready: serde_json::Value = serde_json::from_str(&body)?;
+    ensure!(status == 200 && ready["degraded"] == serde_json::json!([source]), "{status} {body}");
+    let error = ready["sources"][source]["error"].as_str().unwrap_or_default();
+    ensure!(error.contains(dir) && error.contains("No space left on device"), "{body}");
+    Ok(())
+}
+
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
 fn a_cni_dir_that_cannot_be_watched_is_reported_down_and_followed_once_it_can() -> Result<()> {
@@ -188,11 +199,7 @@ fn a_cni_dir_that_cannot_be_watched_is_reported_down_and_followed_once_it_can() 
     let limit = InotifyWatchLimit::set(1)?;
     fs::create_dir(&dir)?;
     agent.wait_metrics("cni_config down", |m| source(m) == 0.0)?;
-    let (status, body) = agent.get("/readyz")?;
-    let ready: serde_json::Value = serde_json::from_str(&body)?;
-    ensure!(status == 200 && ready["degraded"] == serde_json::json!(["cni_config"]), "{status} {body}");
-    let error = ready["sources"]["cni_config"]["error"].as_str().unwrap_or_default();
-    ensure!(error.contains(&dir_str) && error.contains("No space left on device"), "{body}");
+    expect_unwatchable(&agent, "cni_config", &dir_str)?;
     let binary = agent_binary()?;
     let status = host.exec(&[binary.to_str().context("path")?, "status"])?;
     ensure!(status.contains("DEGRADED: source cni_config is down"), "{status}");
@@ -531,11 +538,7 @@ fn a_cni_cache_dir_that_cannot_be_watched_is_reported_down_and_read_once_it_can(
     let limit = InotifyWatchLimit::set(1)?;
     fs::create_dir(&cache)?;
     agent.wait_metrics("cni_cache down", |m| source(m) == 0.0)?;
-    let (status, body) = agent.get("/readyz")?;
-    let ready: serde_json::Value = serde_json::from_str(&body)?;
-    ensure!(status == 200 && ready["degraded"] == serde_json::json!(["cni_cache"]), "{status} {body}");
-    let error = ready["sources"]["cni_cache"]["error"].as_str().unwrap_or_default();
-    ensure!(error.contains(&cache_str) && error.contains("No space left on device"), "{body}");
+    expect_unwatchable(&agent, "cni_cache", &cache_str)?;
     let sandbox = format!("/var/run/netns/{}", pod.ns.name);
     let interfaces = serde_json::json!([{"name": "eth0", "mac": "0a:58:0a:81:00:2b", "sandbox": sandbox}]);
     fs::write(
