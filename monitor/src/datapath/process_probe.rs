@@ -149,29 +149,27 @@ impl ProcessReports {
     /// readiness). A record too short to decode is logged and skipped.
     pub async fn next_batch(&mut self) -> io::Result<Vec<ProcessEvent>> {
         let mut guard = self.ring.readable_mut().await?;
-        let mut batch = Vec::new();
-        while let Some(item) = guard.get_inner_mut().next() {
-            match decode_event(&item) {
-                Some(event) => batch.push(event),
-                None => debug!(len = item.len(), "short process event"),
-            }
-        }
+        let batch = drain(guard.get_inner_mut());
         guard.clear_ready();
         Ok(batch)
     }
 
     /// Every report the ring buffer holds now, without waiting.
     pub fn drain_now(&mut self) -> Vec<ProcessEvent> {
-        let ring = self.ring.get_mut();
-        let mut batch = Vec::new();
-        while let Some(item) = ring.next() {
-            match decode_event(&item) {
-                Some(event) => batch.push(event),
-                None => debug!(len = item.len(), "short process event"),
-            }
-        }
-        batch
+        drain(self.ring.get_mut())
     }
+}
+
+/// Every report `ring` holds now, oldest first; a record too short to decode is logged and skipped.
+fn drain(ring: &mut RingBuf<MapData>) -> Vec<ProcessEvent> {
+    let mut batch = Vec::new();
+    while let Some(item) = ring.next() {
+        match decode_event(&item) {
+            Some(event) => batch.push(event),
+            None => debug!(len = item.len(), "short process event"),
+        }
+    }
+    batch
 }
 
 /// A [`ProcessEvent`] from its bytes in the ring buffer (layout of the `repr(C)` struct).
