@@ -270,6 +270,12 @@ pub const RETRANSMITS_MAP: &str = "RETRANSMITS";
 pub const POD_ADDRESSES_MAP: &str = "POD_ADDRESSES";
 /// Host-side ifindexes of the watched pod veths: drops on them stay theirs.
 pub const POD_VETHS_MAP: &str = "POD_VETHS";
+/// The agent's own state, kept with the maps when they are pinned (`keep_attached`): the count
+/// each drop key had when its interface became watched, so that the next agent exports the
+/// same drops-since-watched. No program reads it.
+pub const DROP_BASELINES_MAP: &str = "DROP_BASELINES";
+/// The upcall in flight on each CPU (between `ovs_dp_upcall` and its packet's free).
+pub const UPCALL_INFLIGHT_MAP: &str = "UPCALL_INFLIGHT";
 
 /// Default sizes; the agent may override them at load time.
 pub const INTERFACE_COUNTERS_MAX: u32 = 4096;

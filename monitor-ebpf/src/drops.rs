@@ -11,6 +11,7 @@
 use core::ptr::read_volatile;
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     helpers::bpf_probe_read_kernel,
     macros::{btf_tracepoint, map, tracepoint},
     maps::{HashMap, PerCpuHashMap},
@@ -35,6 +36,11 @@ static DROPS: PerCpuHashMap<DropKey, u64> = PerCpuHashMap::with_max_entries(DROP
 
 #[map(name = "POD_ADDRESSES")]
 static POD_ADDRESSES: HashMap<PodAddress, u32> = HashMap::with_max_entries(POD_ADDRESSES_MAX, 0);
+
+/// Written by the agent only (see `monitor_common::DROP_BASELINES_MAP`); not preallocated, as
+/// most agents never fill it.
+#[map(name = "DROP_BASELINES")]
+static DROP_BASELINES: HashMap<DropKey, u64> = HashMap::with_max_entries(DROPS_MAX, BPF_F_NO_PREALLOC);
 
 #[map(name = "POD_VETHS")]
 static POD_VETHS: HashMap<u32, u32> = HashMap::with_max_entries(POD_VETHS_MAX, 0);

@@ -121,6 +121,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             // Present at start-up: state, not a change.
             sampler.apply(LinkEvent::Added(link));
         }
+        sampler.finish_takeover();
         latest.publish(sampler.sample());
         info!(attached = sampler.attached_count(), elapsed_ms = started.elapsed().as_millis() as u64, "ready");
     }
@@ -161,8 +162,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         log_update(&IncidentUpdate::Closed(incident.clone()));
         history.persist(&incident);
     }
-    lock(&sampler).detach_all();
-    info!("detached from all interfaces");
+    let mut sampler = lock(&sampler);
+    if sampler.keeps_attached() {
+        let left = sampler.leave_attached();
+        info!(interfaces = left, "left the kernel programs attached and counting, for the next agent");
+    } else {
+        sampler.detach_all();
+        info!("detached from all interfaces");
+    }
     Ok(())
 }
 

@@ -38,7 +38,15 @@ pub enum Command {
         #[arg(long, env = "DATAPATH_MONITOR_SERVER", default_value = DEFAULT_SERVER)]
         server: String,
     },
+    /// Detach what agents run with keep_attached left: their pins (tcx links, tracers, maps)
+    /// and their clsact filters on this network namespace's interfaces. For uninstalling.
+    Detach {
+        #[arg(long, env = "DATAPATH_MONITOR_PIN_DIR", default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+    },
 }
+
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/datapath-monitor";
 
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:9781";
 
@@ -123,6 +131,14 @@ pub struct RunArgs {
     /// They time every BPF program run on the node, not only the agent's.
     #[arg(long, env = "DATAPATH_MONITOR_BPF_STATS", value_name = "BOOL")]
     pub bpf_stats: Option<bool>,
+    /// Keep the kernel programs attached and counting when the agent exits, pinned under
+    /// --pin-dir, for the next agent to take over: a restart then loses no packet and no count
+    /// (true/false). Undo with `datapath-monitor detach`.
+    #[arg(long, env = "DATAPATH_MONITOR_KEEP_ATTACHED", value_name = "BOOL")]
+    pub keep_attached: Option<bool>,
+    /// The bpffs directory for --keep-attached's pins.
+    #[arg(long, env = "DATAPATH_MONITOR_PIN_DIR")]
+    pub pin_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ValueEnum)]
@@ -160,6 +176,8 @@ pub struct Config {
     pub drop_tracer: DropTracerChoice,
     pub bpf_stats: bool,
     pub disable_probes: Vec<DisabledProbe>,
+    pub keep_attached: bool,
+    pub pin_dir: PathBuf,
 }
 
 impl Default for Config {
@@ -204,6 +222,8 @@ impl Default for Config {
             drop_tracer: DropTracerChoice::Auto,
             disable_probes: Vec::new(),
             bpf_stats: false,
+            keep_attached: false,
+            pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
         }
     }
 }
@@ -273,6 +293,8 @@ impl Config {
             tc_attach,
             drop_tracer,
             bpf_stats,
+            keep_attached,
+            pin_dir,
         );
         resolved.validate()?;
         Ok(resolved)
@@ -358,6 +380,7 @@ impl Config {
             drop_tracer: self.drop_tracer,
             bpf_stats: self.bpf_stats,
             disabled: self.disable_probes.iter().map(|probe| probe.name()).collect(),
+            pin_dir: self.keep_attached.then(|| self.pin_dir.clone()),
         }
     }
 

@@ -42,6 +42,9 @@ fn main() -> ExitCode {
         },
         Command::Status { server } => cli::status(&server).map(|text| print!("{text}")),
         Command::Incidents { server, json } => cli::incidents(&server, json).map(|text| print!("{text}")),
+        Command::Detach { pin_dir } => datapath_monitor::datapath::detach_everything(&pin_dir)
+            .map_err(anyhow::Error::from)
+            .map(|text| println!("{text}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

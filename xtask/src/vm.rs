@@ -132,6 +132,7 @@ const GUEST_SUITES: &[(&str, &str)] = &[
     ("datapath-monitor", "datapath_monitor"),
     ("datapath-monitor-tests", "datapath"),
     ("datapath-monitor-tests", "resilience"),
+    ("datapath-monitor-tests", "continuity"),
     ("datapath-monitor-tests", "lifecycle"),
     ("datapath-monitor-tests", "incidents"),
     ("datapath-monitor-tests", "ovs_kernel"),

@@ -7,7 +7,7 @@
 
 use std::io;
 
-use aya::programs::{SchedClassifier, TcAttachType};
+use aya::programs::TcAttachType;
 use monitor_common::TC_INGRESS_PROGRAM;
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::{
@@ -17,7 +17,7 @@ use netlink_packet_route::{
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use tracing::{debug, info, warn};
 
-use super::{AttachMode, Datapath, program_mut};
+use super::{AttachMode, Datapath};
 use crate::errors;
 
 /// `BPF_PROG_QUERY` and the tcx attach types, from `include/uapi/linux/bpf.h`.
@@ -83,13 +83,9 @@ impl Datapath {
             attached.pending.push(program_name);
             let interface = attached.name.clone();
             warn!(interface, program = program_name, "the agent's tc program was removed from the interface");
-            // What is left of the old attachment (a tcx link someone detached, a filter
-            // handle) is dropped; it is usually gone already.
-            if let Ok(program) = program_mut::<SchedClassifier>(&mut self.ebpf, program_name)
-                && let Err(error) = program.detach(old_link)
-            {
-                debug!(interface, program_name, %error, "dropping the removed attachment");
-            }
+            // What is left of the old attachment (a tcx link someone detached, and its pin;
+            // a filter handle) is dropped; it is usually gone already.
+            self.detach_links(ifindex, &mut vec![(program_name, old_link)]);
         }
         self.attach_pending()
     }
@@ -164,6 +160,29 @@ fn clsact_program_ids(socket: &mut Option<Socket>, ifindex: u32, ingress: bool) 
     request.header.parent = TcHandle { major: TcHandle::INGRESS.major, minor: hook_minor(ingress) };
     let filters = tc_dump(socket, RouteNetlinkMessage::GetTrafficFilter(request), ifindex)?;
     Ok(filters.iter().flat_map(bpf_program_ids).collect())
+}
+
+/// (priority, handle) of the bpf filters named `program` on `ifindex`'s clsact ingress or
+/// egress hook.
+pub(super) fn clsact_filters_named(ifindex: u32, ingress: bool, program: &str) -> io::Result<Vec<(u16, u32)>> {
+    let mut request = TcMessage::with_index(ifindex as i32);
+    request.header.parent = TcHandle { major: TcHandle::INGRESS.major, minor: hook_minor(ingress) };
+    let filters = tc_dump(&mut None, RouteNetlinkMessage::GetTrafficFilter(request), ifindex)?;
+    let named = |filter: &TcMessage| {
+        filter.attributes.iter().any(|attribute| match attribute {
+            TcAttribute::Options(options) => options
+                .iter()
+                .any(|option| matches!(option, TcOption::Bpf(TcFilterBpfOption::ProgName(name)) if name == program)),
+            _ => false,
+        })
+    };
+    let mut found: Vec<(u16, u32)> = filters
+        .iter()
+        .filter(|filter| filter.header.handle != TcHandle::UNSPEC && named(filter))
+        .map(|filter| ((filter.header.info >> 16) as u16, u32::from(filter.header.handle)))
+        .collect();
+    found.dedup();
+    Ok(found)
 }
 
 /// The kind of the qdisc that holds `ifindex`'s ingress handle (ffff:), if any: "clsact",

@@ -10,6 +10,7 @@
 mod attachments;
 pub mod kernel_layout;
 pub mod mounts;
+mod pins;
 mod pod_addresses;
 pub mod probes;
 pub mod process_probe;
@@ -18,6 +19,7 @@ mod tc;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     os::{fd::OwnedFd, unix::fs::MetadataExt},
+    path::PathBuf,
 };
 
 use aya::{
@@ -27,27 +29,30 @@ use aya::{
     sys::{Stats, enable_stats},
 };
 use monitor_common::{
-    DROPS_MAP, DropKey, FLOW_TABLE_INSERTED, FLOW_TABLE_MAP, FLOW_TABLE_REMOVED, FLOWS_MAP, FlowKey, FlowState,
-    GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_HOST_NETNS, GLOBAL_NET_INUM_OFFSET,
-    GLOBAL_NOT_SPECIFIED_REASON, GLOBAL_RETRANSMIT_HAS_ERR, GLOBAL_SK_DADDR_OFFSET, GLOBAL_SK_FAMILY_OFFSET,
-    GLOBAL_SK_NET_OFFSET, GLOBAL_SK_STATE_OFFSET, GLOBAL_SK_V6_DADDR_OFFSET, GLOBAL_SKB_CB_OFFSET,
-    GLOBAL_SKB_DEV_OFFSET, GLOBAL_SKB_HEAD_OFFSET, GLOBAL_SKB_NETWORK_HEADER_OFFSET, GLOBAL_SKB_PROTOCOL_OFFSET,
-    GLOBAL_TCP_CB_GSO_SEGS_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET, INTERFACE_COUNTERS_MAP,
-    INTERFACE_SLOTS_MAP, InterfaceCounters, InterfaceSlot, KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM,
-    MAP_ERROR_SLOTS, MAP_ERRORS_MAP, POD_ADDRESSES_MAP, POD_VETHS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM,
-    PodAddress, RETRANSMITS_MAP, RetransmitKey, TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM, TCP_RETRANSMIT_PROGRAM,
+    DROP_BASELINES_MAP, DROPS_MAP, DropKey, FLOW_TABLE_INSERTED, FLOW_TABLE_MAP, FLOW_TABLE_REMOVED, FLOWS_MAP,
+    FlowKey, FlowState, GLOBAL_DEV_IFINDEX_OFFSET, GLOBAL_DEV_NET_OFFSET, GLOBAL_HAS_REASON, GLOBAL_HOST_NETNS,
+    GLOBAL_NET_INUM_OFFSET, GLOBAL_NOT_SPECIFIED_REASON, GLOBAL_RETRANSMIT_HAS_ERR, GLOBAL_SK_DADDR_OFFSET,
+    GLOBAL_SK_FAMILY_OFFSET, GLOBAL_SK_NET_OFFSET, GLOBAL_SK_STATE_OFFSET, GLOBAL_SK_V6_DADDR_OFFSET,
+    GLOBAL_SKB_CB_OFFSET, GLOBAL_SKB_DEV_OFFSET, GLOBAL_SKB_HEAD_OFFSET, GLOBAL_SKB_NETWORK_HEADER_OFFSET,
+    GLOBAL_SKB_PROTOCOL_OFFSET, GLOBAL_TCP_CB_GSO_SEGS_OFFSET, GLOBAL_TP_REASON_OFFSET, GLOBAL_TP_SKBADDR_OFFSET,
+    INTERFACE_COUNTERS_MAP, INTERFACE_SLOTS_MAP, InterfaceCounters, InterfaceSlot, KFREE_SKB_BTF_PROGRAM,
+    KFREE_SKB_TRACEPOINT_PROGRAM, MAP_ERROR_SLOTS, MAP_ERRORS_MAP, OVS_UPCALL_PROGRAM, POD_ADDRESSES_MAP,
+    POD_VETHS_MAP, PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM, PodAddress, RETRANSMITS_MAP, RetransmitKey,
+    TC_EGRESS_PROGRAM, TC_INGRESS_PROGRAM, TCP_RETRANSMIT_PROGRAM,
 };
 use tracing::{debug, info, warn};
 
 pub use self::attachments::Reattachment;
+pub use self::pins::detach_everything;
 pub use self::pod_addresses::pod_address;
 pub use self::probes::{AttachMode, DisabledProbe, DropTracerChoice, ProbeReport, TcAttachChoice};
 use self::{
     kernel_layout::{KernelLayout, read_kfree_skb_format},
+    pins::{Keeper, Pins},
     pod_addresses::PodAddressMaps,
     probes::{
-        DISABLED, DROP_PROBE, OVS_REASONS_PROBE, RETRANSMIT_PROBE, TC_PROBE, UPCALL_PROBE, attach_drop_tracer,
-        attach_retransmit_tracer, attach_upcall_tracer,
+        CONTINUITY_PROBE, DISABLED, DROP_PROBE, OVS_REASONS_PROBE, RETRANSMIT_PROBE, TC_PROBE, UPCALL_PROBE,
+        attach_drop_tracer, attach_retransmit_tracer, attach_upcall_tracer,
     },
     process_probe::ProcessTracerOffsets,
     tc::AttachedInterface,
@@ -96,6 +101,9 @@ pub struct DatapathOptions {
     pub bpf_stats: bool,
     /// Probes not to load (their names, see [`DisabledProbe`]).
     pub disabled: Vec<&'static str>,
+    /// Keep the programs attached across restarts, pinned under this bpffs directory
+    /// (`keep_attached`, see `pins.rs`); None: they go with the agent.
+    pub pin_dir: Option<PathBuf>,
 }
 
 /// Run-time statistics of one loaded program, from the kernel (BPF_ENABLE_STATS).
@@ -139,6 +147,7 @@ pub struct Datapath {
     interface_counters: PerCpuHashMap<MapData, u32, InterfaceCounters>,
     interface_slots: PerCpuArray<MapData, InterfaceSlot>,
     drops: PerCpuHashMap<MapData, DropKey, u64>,
+    drop_baselines: KernelHashMap<MapData, DropKey, u64>,
     retransmits: PerCpuHashMap<MapData, RetransmitKey, u64>,
     map_errors: PerCpuArray<MapData, u64>,
     flows: KernelHashMap<MapData, FlowKey, FlowState>,
@@ -163,6 +172,8 @@ pub struct Datapath {
     /// /proc/kallsyms, opened at start-up: where failed upcalls' packets are freed, read
     /// when openvswitch.ko appears.
     kallsyms: Option<std::fs::File>,
+    /// The pins and links kept for the next agent (`keep_attached`); None: all goes with this one.
+    keeper: Option<Keeper>,
 }
 
 impl Datapath {
@@ -196,6 +207,29 @@ impl Datapath {
 
         let kernel_btf = aya::Btf::from_sys_fs();
         let mut loader = EbpfLoader::new();
+        let mut probes = ProbeReport::default();
+        let pins = options.pin_dir.as_deref().map(|root| Pins::open(root, PROGRAMS_OBJECT));
+        let mut keeper = match pins {
+            Some(Ok(pins)) => {
+                for name in pins::PINNED_MAPS {
+                    loader.map_pin_path(name, pins.map_path(name));
+                }
+                let variant = if pins.taken_over { "taken over" } else { "pinned" };
+                info!(dir = %pins.dir().display(), variant, "the kernel programs stay attached across restarts");
+                probes.record(CONTINUITY_PROBE, &Ok(variant));
+                Some(Keeper::new(pins))
+            }
+            Some(Err(error)) => {
+                let reason = format!(
+                    "pin dir {}: {error}",
+                    options.pin_dir.as_deref().unwrap_or(std::path::Path::new("")).display()
+                );
+                warn!(%reason, "cannot pin: the kernel programs go with the agent, and a restart is blind until it attaches");
+                probes.record(CONTINUITY_PROBE, &Err(reason));
+                None
+            }
+            None => None,
+        };
         loader.btf(kernel_btf.as_ref().ok());
         // A map this kernel cannot create (the process tracer's ring buffer before 5.8) must
         // not stop the rest from loading: only the programs using it then fail, and say so.
@@ -225,7 +259,6 @@ impl Datapath {
             .load(PROGRAMS_OBJECT)
             .map_err(Box::new)?;
 
-        let mut probes = ProbeReport::default();
         let mut program_ids = BTreeMap::new();
         for name in [TC_INGRESS_PROGRAM, TC_EGRESS_PROGRAM] {
             let program: &mut SchedClassifier = program_mut(&mut ebpf, name)?;
@@ -241,9 +274,22 @@ impl Datapath {
         probes.probes.insert(TC_PROBE, Some("loaded".into()));
 
         let disabled = |probe: &str| options.disabled.contains(&probe);
+        // A previous agent's tracers that this one turned off go.
+        if let Some(keeper) = &keeper {
+            for (probe, programs) in [
+                (DROP_PROBE, &[KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM][..]),
+                (RETRANSMIT_PROBE, &[TCP_RETRANSMIT_PROGRAM]),
+                (UPCALL_PROBE, &[OVS_UPCALL_PROGRAM]),
+                (probes::PROCESS_PROBE, &[PROCESS_EXEC_PROGRAM, PROCESS_EXIT_PROGRAM]),
+            ] {
+                if disabled(probe) {
+                    programs.iter().for_each(|program| keeper.pins.unpin(program));
+                }
+            }
+        }
         let retransmit_tracer = match &socket_offsets {
             _ if disabled(RETRANSMIT_PROBE) => Err(DISABLED.to_string()),
-            Ok(_) => attach_retransmit_tracer(&mut ebpf, kernel_btf.as_ref()),
+            Ok(_) => attach_retransmit_tracer(&mut ebpf, kernel_btf.as_ref(), keeper.as_mut()),
             Err(error) => Err(format!("socket offsets: {error}")),
         };
         match &retransmit_tracer {
@@ -263,7 +309,7 @@ impl Datapath {
         let upcall_tracer = if disabled(UPCALL_PROBE) {
             Err(DISABLED.to_string())
         } else {
-            attach_upcall_tracer(&mut ebpf, kallsyms.as_mut())
+            attach_upcall_tracer(&mut ebpf, kallsyms.as_mut(), keeper.as_mut())
         };
         match &upcall_tracer {
             Ok(variant) => info!(variant, "OVS upcall tracer attached"),
@@ -274,7 +320,7 @@ impl Datapath {
         let drop_tracer = if disabled(DROP_PROBE) {
             Err(DISABLED.to_string())
         } else {
-            attach_drop_tracer(&mut ebpf, kernel_btf.as_ref(), options.drop_tracer)
+            attach_drop_tracer(&mut ebpf, kernel_btf.as_ref(), options.drop_tracer, keeper.as_mut())
         };
         match &drop_tracer {
             Ok(variant) => info!(variant, "drop tracer attached"),
@@ -297,6 +343,7 @@ impl Datapath {
         let interface_counters = take_map(&mut ebpf, INTERFACE_COUNTERS_MAP)?;
         let interface_slots = take_map(&mut ebpf, INTERFACE_SLOTS_MAP)?;
         let drops = take_map(&mut ebpf, DROPS_MAP)?;
+        let drop_baselines = take_map(&mut ebpf, DROP_BASELINES_MAP)?;
         let retransmits = take_map(&mut ebpf, RETRANSMITS_MAP)?;
         let map_errors = take_map(&mut ebpf, MAP_ERRORS_MAP)?;
         let flows = take_map(&mut ebpf, FLOWS_MAP)?;
@@ -312,6 +359,7 @@ impl Datapath {
             interface_counters,
             interface_slots,
             drops,
+            drop_baselines,
             retransmits,
             map_errors,
             flows,
@@ -332,6 +380,7 @@ impl Datapath {
             stats,
             pod_addresses,
             kallsyms,
+            keeper,
         })
     }
 
@@ -347,7 +396,7 @@ impl Datapath {
         if self.probes.probes.get(UPCALL_PROBE).is_some_and(Option::is_some) || self.disabled.contains(&UPCALL_PROBE) {
             return false;
         }
-        let result = attach_upcall_tracer(&mut self.ebpf, self.kallsyms.as_mut());
+        let result = attach_upcall_tracer(&mut self.ebpf, self.kallsyms.as_mut(), self.keeper.as_mut());
         match &result {
             Ok(variant) => info!(variant, "OVS upcall tracer attached (openvswitch.ko appeared)"),
             Err(reason) => debug!(%reason, "OVS upcall tracer still not attached"),
@@ -377,7 +426,29 @@ impl Datapath {
 
     /// Removes drop entries of devices that no longer exist, after their final read.
     pub fn forget_drops<F: Fn(&DropKey) -> bool>(&mut self, gone: F) {
+        if self.keeper.is_some() {
+            let keys: Vec<DropKey> = self.drop_baselines.keys().filter_map(Result::ok).filter(|k| gone(k)).collect();
+            for key in keys {
+                let _ = self.drop_baselines.remove(&key);
+            }
+        }
         forget_keys(&mut self.drops, gone);
+    }
+
+    /// Records the count `key` had when its interface became watched, for the next agent
+    /// (`keep_attached`); nothing otherwise.
+    pub fn keep_drop_baseline(&mut self, key: &DropKey, count: u64) {
+        if self.keeper.is_some()
+            && let Err(error) = self.drop_baselines.insert(key, count, 0)
+        {
+            debug!(%error, "keeping a drop baseline");
+        }
+    }
+
+    /// The count `key` had when a previous agent began to watch its interface (0 when it had
+    /// none then): for interfaces taken over from it ([`Datapath::taken_over`]).
+    pub fn kept_drop_baseline(&self, key: &DropKey) -> u64 {
+        self.drop_baselines.get(key, 0).unwrap_or(0)
     }
 
     /// Drop counters by (netns, ifindex, reason), summed over CPUs.

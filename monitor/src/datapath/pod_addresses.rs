@@ -22,7 +22,11 @@ pub(super) struct PodAddressMaps {
 
 impl PodAddressMaps {
     pub(super) fn new(addresses: BpfHashMap<MapData, PodAddress, u32>, veths: BpfHashMap<MapData, u32, u32>) -> Self {
-        Self { addresses, veths, current_addresses: HashMap::new(), current_veths: HashSet::new(), failures: 0 }
+        // What a previous agent left in them (pinned maps, `keep_attached`): the first sync
+        // removes what is no longer so.
+        let current_addresses = addresses.iter().filter_map(Result::ok).collect();
+        let current_veths = veths.keys().filter_map(Result::ok).collect();
+        Self { addresses, veths, current_addresses, current_veths, failures: 0 }
     }
 
     /// Makes the kernel maps hold exactly `veths` and `addresses` (address → veth ifindex).

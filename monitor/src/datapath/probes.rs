@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use aya::{
     Ebpf,
     maps::Array,
-    programs::{BtfTracePoint, TracePoint},
+    programs::{BtfTracePoint, TracePoint, links::FdLink},
 };
 use monitor_common::{
     KFREE_SKB_BTF_PROGRAM, KFREE_SKB_TRACEPOINT_PROGRAM, OVS_UPCALL_PROGRAM, TCP_RETRANSMIT_PROGRAM, UPCALL_CONFIG_MAP,
@@ -24,7 +24,7 @@ use monitor_common::{
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use super::{DatapathError, program_mut};
+use super::{DatapathError, pins::Keeper, program_mut};
 use crate::errors;
 
 /// The tc classifier on watched interfaces.
@@ -39,6 +39,9 @@ pub const RETRANSMIT_PROBE: &str = "tcp_retransmit";
 pub const UPCALL_PROBE: &str = "ovs_upcall";
 /// Not a program: whether OVS's own drop reasons have names on this kernel.
 pub const OVS_REASONS_PROBE: &str = "ovs_drop_reasons";
+/// Not a program: whether the programs stay attached across restarts (`keep_attached`):
+/// "pinned", "taken over" (from a previous agent), or why they cannot.
+pub const CONTINUITY_PROBE: &str = "continuity";
 const UPCALL_CATEGORY: &str = "openvswitch";
 const UPCALL_EVENT: &str = "ovs_dp_upcall";
 
@@ -132,16 +135,26 @@ pub(super) fn attach_drop_tracer(
     ebpf: &mut Ebpf,
     kernel_btf: Result<&aya::Btf, &aya::BtfError>,
     choice: DropTracerChoice,
+    mut keeper: Option<&mut Keeper>,
+) -> Result<&'static str, String> {
+    let attached = attach_either_drop_tracer(ebpf, kernel_btf, choice, keeper.as_deref_mut());
+    // A previous agent's other variant goes: both would count every drop.
+    if let (Some(keeper), Ok(variant)) = (keeper, &attached) {
+        keeper.pins.unpin(if *variant == "tp_btf" { KFREE_SKB_TRACEPOINT_PROGRAM } else { KFREE_SKB_BTF_PROGRAM });
+    }
+    attached
+}
+
+fn attach_either_drop_tracer(
+    ebpf: &mut Ebpf,
+    kernel_btf: Result<&aya::Btf, &aya::BtfError>,
+    choice: DropTracerChoice,
+    mut keeper: Option<&mut Keeper>,
 ) -> Result<&'static str, String> {
     let btf_error = match kernel_btf {
         _ if choice == DropTracerChoice::Tracepoint => "not tried (--drop-tracer tracepoint)".to_string(),
         Ok(btf) => {
-            let attached = program_mut::<BtfTracePoint>(ebpf, KFREE_SKB_BTF_PROGRAM).and_then(|program| {
-                program
-                    .load("kfree_skb", btf)
-                    .and_then(|()| program.attach().map(drop))
-                    .map_err(|source| DatapathError::Program { name: KFREE_SKB_BTF_PROGRAM, source: Box::new(source) })
-            });
+            let attached = attach_btf_tracer(ebpf, KFREE_SKB_BTF_PROGRAM, "kfree_skb", btf, keeper.as_deref_mut());
             match attached {
                 Ok(()) => return Ok("tp_btf"),
                 Err(error) => errors::chain(&error),
@@ -153,13 +166,7 @@ pub(super) fn attach_drop_tracer(
         return Err(format!("tp_btf: {btf_error}"));
     }
     debug!(%btf_error, "tp_btf kfree_skb unavailable, trying the classic tracepoint");
-    let attached = program_mut::<TracePoint>(ebpf, KFREE_SKB_TRACEPOINT_PROGRAM).and_then(|program| {
-        program
-            .load()
-            .and_then(|()| program.attach("skb", "kfree_skb").map(drop))
-            .map_err(|source| DatapathError::Program { name: KFREE_SKB_TRACEPOINT_PROGRAM, source: Box::new(source) })
-    });
-    match attached {
+    match attach_tracepoint(ebpf, KFREE_SKB_TRACEPOINT_PROGRAM, "skb", "kfree_skb", keeper) {
         Ok(()) => Ok("tracepoint"),
         Err(error) => Err(format!("tp_btf: {btf_error}; tracepoint: {}", errors::chain(&error))),
     }
@@ -171,6 +178,7 @@ pub(super) fn attach_drop_tracer(
 pub(super) fn attach_upcall_tracer(
     ebpf: &mut Ebpf,
     kallsyms: Option<&mut std::fs::File>,
+    keeper: Option<&mut Keeper>,
 ) -> Result<&'static str, String> {
     if !std::path::Path::new("/sys/module/openvswitch").exists() {
         return Err("openvswitch.ko is not loaded (no OVS kernel datapath on this node yet)".into());
@@ -201,18 +209,7 @@ pub(super) fn attach_upcall_tracer(
              an upcall that succeeded may be named OVS_UPCALL_FAILED"
         ),
     }
-    program_mut::<TracePoint>(ebpf, OVS_UPCALL_PROGRAM)
-        .and_then(|program| {
-            if program.fd().is_err() {
-                program
-                    .load()
-                    .map_err(|source| DatapathError::Program { name: OVS_UPCALL_PROGRAM, source: Box::new(source) })?;
-            }
-            program
-                .attach(UPCALL_CATEGORY, UPCALL_EVENT)
-                .map(drop)
-                .map_err(|source| DatapathError::Program { name: OVS_UPCALL_PROGRAM, source: Box::new(source) })
-        })
+    attach_tracepoint(ebpf, OVS_UPCALL_PROGRAM, UPCALL_CATEGORY, UPCALL_EVENT, keeper)
         .map_err(|error| format!("tracepoint {UPCALL_CATEGORY}:{UPCALL_EVENT}: {}", errors::chain(&error)))?;
     Ok("tracepoint")
 }
@@ -221,15 +218,68 @@ pub(super) fn attach_upcall_tracer(
 pub(super) fn attach_retransmit_tracer(
     ebpf: &mut Ebpf,
     kernel_btf: Result<&aya::Btf, &aya::BtfError>,
+    keeper: Option<&mut Keeper>,
 ) -> Result<&'static str, String> {
     let btf = kernel_btf.map_err(|error| format!("tp_btf: {}", errors::chain(error)))?;
-    program_mut::<BtfTracePoint>(ebpf, TCP_RETRANSMIT_PROGRAM)
-        .and_then(|program| {
-            program
-                .load("tcp_retransmit_skb", btf)
-                .and_then(|()| program.attach().map(drop))
-                .map_err(|source| DatapathError::Program { name: TCP_RETRANSMIT_PROGRAM, source: Box::new(source) })
-        })
+    attach_btf_tracer(ebpf, TCP_RETRANSMIT_PROGRAM, "tcp_retransmit_skb", btf, keeper)
         .map(|()| "tp_btf")
         .map_err(|error| format!("tp_btf: {}", errors::chain(&error)))
+}
+
+/// Attaches the tp_btf program `name` on `event`; with a keeper, takes over the link a
+/// previous agent pinned instead (its program is this one, byte for byte: see `pins.rs`), or
+/// pins the new one.
+fn attach_btf_tracer(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    event: &str,
+    btf: &aya::Btf,
+    mut keeper: Option<&mut Keeper>,
+) -> Result<(), DatapathError> {
+    if keeper.as_deref_mut().is_some_and(|keeper| keeper.adopt(name)) {
+        return Ok(());
+    }
+    let error = |source| DatapathError::Program { name, source: Box::new(source) };
+    let program = program_mut::<BtfTracePoint>(ebpf, name)?;
+    program.load(event, btf).map_err(error)?;
+    let link = program.attach().map_err(error)?;
+    if let Some(keeper) = keeper {
+        let link = program.take_link(link).map_err(error)?;
+        if !keeper.keep(name, FdLink::from(link)) {
+            program.attach().map_err(error)?;
+        }
+    }
+    Ok(())
+}
+
+/// As [`attach_btf_tracer`], for the classic tracepoint program `name` on `category:event`
+/// (loaded if it is not yet: the upcall tracer is retried).
+pub(super) fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    category: &str,
+    event: &str,
+    mut keeper: Option<&mut Keeper>,
+) -> Result<(), DatapathError> {
+    if keeper.as_deref_mut().is_some_and(|keeper| keeper.adopt(name)) {
+        return Ok(());
+    }
+    let error = |source| DatapathError::Program { name, source: Box::new(source) };
+    let program = program_mut::<TracePoint>(ebpf, name)?;
+    if program.fd().is_err() {
+        program.load().map_err(error)?;
+    }
+    let link = program.attach(category, event).map_err(error)?;
+    if let Some(keeper) = keeper {
+        // A perf event link (kernels before 5.15) cannot be pinned: it is attached again,
+        // and goes with this agent.
+        let pinned = program
+            .take_link(link)
+            .map_err(error)
+            .map(|link| FdLink::try_from(link).is_ok_and(|link| keeper.keep(name, link)))?;
+        if !pinned {
+            program.attach(category, event).map_err(error)?;
+        }
+    }
+    Ok(())
 }

@@ -261,20 +261,35 @@ impl Datapath {
                     .insert(key, 1, 0)
                     .map_err(|source| DatapathError::Map { name: SDN_COMMS_MAP, source: Box::new(source) })?;
             }
+            // A previous agent's names (pinned maps, `keep_attached`) that this one does not watch.
+            let stale: Vec<[u8; COMM_LEN]> =
+                comms.keys().filter_map(Result::ok).filter(|k| !keys.contains(k)).collect();
+            for key in stale {
+                let _ = comms.remove(&key);
+            }
+        }
+        // Both tracers a previous agent left, or neither: half would report starts without exits.
+        let programs = [(PROCESS_EXEC_PROGRAM, "sched_process_exec"), (PROCESS_EXIT_PROGRAM, "sched_process_exit")];
+        if let Some(keeper) = self.keeper.as_mut()
+            && !programs.iter().all(|(name, _)| keeper.pins.has_link(name))
+        {
+            programs.iter().for_each(|(name, _)| keeper.pins.unpin(name));
         }
         let mut attached: Vec<&'static str> = Vec::new();
-        for (program_name, tracepoint) in
-            [(PROCESS_EXEC_PROGRAM, "sched_process_exec"), (PROCESS_EXIT_PROGRAM, "sched_process_exit")]
-        {
-            let outcome = program_mut::<TracePoint>(&mut self.ebpf, program_name).and_then(|program| {
-                program
-                    .load()
-                    .and_then(|()| program.attach("sched", tracepoint).map(drop))
-                    .map_err(|source| DatapathError::Program { name: program_name, source: Box::new(source) })
-            });
+        for (program_name, tracepoint) in programs {
+            let outcome = super::probes::attach_tracepoint(
+                &mut self.ebpf,
+                program_name,
+                "sched",
+                tracepoint,
+                self.keeper.as_mut(),
+            );
             if let Err(error) = outcome {
                 // Half a tracer would report starts without exits (or fill the ring for nobody).
                 for name in attached.into_iter().chain([program_name]) {
+                    if let Some(keeper) = self.keeper.as_ref() {
+                        keeper.pins.unpin(name);
+                    }
                     if let Ok(program) = program_mut::<TracePoint>(&mut self.ebpf, name) {
                         let _ = program.unload();
                     }

@@ -8,7 +8,8 @@ use aya::{
     maps::MapError,
     programs::{
         LinkOrder, SchedClassifier, TcAttachType,
-        tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions},
+        links::FdLink,
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
     },
 };
 use monitor_common::{
@@ -20,16 +21,23 @@ use tracing::{debug, info, warn};
 use super::{AttachMode, Datapath, DatapathError, per_cpu, probes::TC_PROBE, program_mut, sum};
 use crate::errors;
 
-/// The tc programs' links on one interface.
+/// The tc programs' links on one interface (owned: dropping one detaches it).
 pub(super) struct AttachedInterface {
     pub(super) name: String,
-    pub(super) links: Vec<(&'static str, SchedClassifierLinkId)>,
+    pub(super) links: Vec<(&'static str, SchedClassifierLink)>,
     /// Programs found removed whose attach again failed: tried at the next check.
     pub(super) pending: Vec<&'static str>,
     pub(super) mode: AttachMode,
     /// Its counters live in slot `ifindex % INTERFACE_SLOTS_MAX` of INTERFACE_SLOTS (else in
     /// INTERFACE_COUNTERS, when another attached interface holds that slot).
     slot: bool,
+    /// Its counters were a previous agent's (`keep_attached`) and go on from there.
+    pub(super) taken_over: bool,
+}
+
+/// The name of the pin of `program`'s tcx link on `ifindex`.
+pub(super) fn link_pin(program: &str, ifindex: u32) -> String {
+    format!("{program}@{ifindex}")
 }
 
 const BPF_NOEXIST: u64 = 1;
@@ -49,10 +57,10 @@ impl Datapath {
             return Ok(mode);
         }
         // Counters first, so no packet goes uncounted once a program runs.
-        let slot = self.claim_slot(ifindex)?;
-        if !slot {
-            self.ensure_counters_entry(ifindex)?;
-        }
+        let (slot, taken_over) = match self.claim_slot(ifindex)? {
+            Some(taken_over) => (true, taken_over),
+            None => (false, self.ensure_counters_entry(ifindex)?),
+        };
         let mut links = Vec::with_capacity(2);
         let mut mode = self.tc_mode.unwrap_or(AttachMode::Tcx);
         for (program_name, attach_type) in
@@ -61,7 +69,7 @@ impl Datapath {
             match self.attach_one(program_name, ifindex, name, attach_type, mode) {
                 Ok(link) => links.push((program_name, link)),
                 Err(error) => {
-                    self.detach_links(&mut links);
+                    self.detach_links(ifindex, &mut links);
                     if slot {
                         self.release_slot(ifindex);
                     }
@@ -73,9 +81,16 @@ impl Datapath {
         }
         let mode = self.tc_mode.unwrap_or(mode);
         self.probes.probes.insert(TC_PROBE, Some(format!("{mode:?}").to_lowercase()));
-        self.attached
-            .insert(ifindex, AttachedInterface { name: name.to_string(), links, pending: Vec::new(), mode, slot });
+        self.attached.insert(
+            ifindex,
+            AttachedInterface { name: name.to_string(), links, pending: Vec::new(), mode, slot, taken_over },
+        );
         Ok(mode)
+    }
+
+    /// Whether `ifindex`'s counters were taken over from a previous agent (`keep_attached`).
+    pub fn taken_over(&self, ifindex: u32) -> bool {
+        self.attached.get(&ifindex).is_some_and(|attached| attached.taken_over)
     }
 
     pub(super) fn attach_one(
@@ -85,13 +100,51 @@ impl Datapath {
         interface: &str,
         attach_type: TcAttachType,
         mode: AttachMode,
-    ) -> Result<SchedClassifierLinkId, DatapathError> {
+    ) -> Result<SchedClassifierLink, DatapathError> {
         let program: &mut SchedClassifier = program_mut(&mut self.ebpf, program_name)?;
+        let owned = |program: &mut SchedClassifier, id| {
+            program
+                .take_link(id)
+                .map_err(|source| DatapathError::Program { name: program_name, source: Box::new(source) })
+        };
         let tcx_error = if mode == AttachMode::Tcx {
+            let pin = link_pin(program_name, ifindex);
+            // A previous agent's link (`keep_attached`): this program swapped in, atomically.
+            if let Some(keeper) = self.keeper.as_mut()
+                && let Some(link) = keeper.pins.take_over(&pin)
+            {
+                match SchedClassifierLink::try_from(link)
+                    .map_err(|error| error.to_string())
+                    .and_then(|link| program.attach_to_link(link).map_err(|error| errors::chain(&error)))
+                {
+                    Ok(id) => {
+                        self.tc_mode.get_or_insert(AttachMode::Tcx);
+                        debug!(interface, program = program_name, "took over the previous agent's tcx link");
+                        return owned(program, id);
+                    }
+                    Err(error) => {
+                        debug!(interface, %error, "the pinned tcx link went with its device; attaching afresh");
+                        keeper.pins.unpin(&pin);
+                    }
+                }
+            }
             match program.attach_with_options(interface, attach_type, TcAttachOptions::TcxOrder(LinkOrder::first())) {
-                Ok(link) => {
+                Ok(id) => {
                     self.tc_mode.get_or_insert(AttachMode::Tcx);
-                    return Ok(link);
+                    let link = owned(program, id)?;
+                    let Some(keeper) = self.keeper.as_mut() else { return Ok(link) };
+                    let kept = FdLink::try_from(link)
+                        .map_err(|error| error.to_string())
+                        .and_then(|link| keeper.pins.pin(&pin, link))
+                        .and_then(|link| SchedClassifierLink::try_from(link).map_err(|error| error.to_string()));
+                    return match kept {
+                        Ok(link) => Ok(link),
+                        // The link is gone with the failed pin: attached again, unpinned.
+                        Err(_) => program
+                            .attach_with_options(interface, attach_type, TcAttachOptions::TcxOrder(LinkOrder::first()))
+                            .map_err(|source| DatapathError::Program { name: program_name, source: Box::new(source) })
+                            .and_then(|id| owned(program, id)),
+                    };
                 }
                 Err(error) if self.tc_mode_forced => {
                     let error = errors::chain(&error);
@@ -132,25 +185,53 @@ impl Datapath {
             Ok(_) => {}
             Err(error) => debug!(interface, %error, "reading the interface's qdiscs"),
         }
-        // A tcx link goes with its agent; a clsact filter stays when the agent is killed
-        // (SIGKILL, OOM, a crash) and runs the dead agent's program for ever. Filters of this
-        // program's name on this interface are such leftovers (this agent attaches once per
-        // interface): removed before attaching, so that each interface runs it exactly once.
-        match tc::qdisc_detach_program(interface, attach_type, program_name) {
-            Ok(()) => {
-                info!(interface, program = program_name, "removed a tc filter a previous agent left behind");
+        // A clsact filter stays when its agent exits: left on purpose (`keep_attached`), or
+        // after a SIGKILL, an OOM kill, a crash. Filters of this program's name on this hook
+        // are such (this agent attaches once per interface): this program replaces the first
+        // in place (the hook never runs without one), and any other is removed, so that each
+        // interface runs it exactly once.
+        let ingress = attach_type == TcAttachType::Ingress;
+        let leftovers =
+            super::attachments::clsact_filters_named(ifindex, ingress, program_name).unwrap_or_else(|error| {
+                debug!(interface, %error, "looking for leftover tc filters");
+                Vec::new()
+            });
+        let mut replaced = None;
+        for (priority, handle) in leftovers {
+            let Ok(link) =
+                SchedClassifierLink::attached(interface, attach_type, priority, TcHandle::from(handle), None)
+            else {
+                continue;
+            };
+            if replaced.is_none() {
+                match program.attach_to_link(link) {
+                    Ok(id) => {
+                        info!(
+                            interface,
+                            program = program_name,
+                            "replaced a tc filter a previous agent left, in place"
+                        );
+                        replaced = Some(id);
+                    }
+                    Err(error) => debug!(interface, error = %errors::chain(&error), "replacing a leftover tc filter"),
+                }
+            } else {
+                // Dropping it deletes the filter.
+                drop(link);
+                info!(interface, program = program_name, "removed a duplicate tc filter a previous agent left");
             }
-            Err(tc::TcError::IoError(error)) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => debug!(interface, error = %errors::chain(&error), "looking for leftover tc filters"),
         }
-        let options = TcAttachOptions::Netlink(NlOptions::default());
-        match program.attach_with_options(interface, attach_type, options) {
-            Ok(link) => {
+        let attached = match replaced {
+            Some(id) => Ok(id),
+            None => program.attach_with_options(interface, attach_type, TcAttachOptions::Netlink(NlOptions::default())),
+        };
+        match attached {
+            Ok(id) => {
                 if self.tc_mode.is_none() {
                     warn!(interface, %tcx_error, "tcx attach failed; using clsact for all interfaces");
                     self.tc_mode = Some(AttachMode::Clsact);
                 }
-                Ok(link)
+                owned(program, id)
             }
             Err(clsact) => Err(DatapathError::Attach {
                 interface: interface.to_string(),
@@ -161,19 +242,23 @@ impl Datapath {
     }
 
     /// Gives `ifindex` its slot in INTERFACE_SLOTS (zeroed counters on every CPU) unless
-    /// another attached interface holds it. Returns whether it did.
-    fn claim_slot(&mut self, ifindex: u32) -> Result<bool, DatapathError> {
+    /// another attached interface holds it. Returns None when it did not, else whether the
+    /// slot was a previous agent's (`keep_attached`), kept with its counters.
+    fn claim_slot(&mut self, ifindex: u32) -> Result<Option<bool>, DatapathError> {
         let index = ifindex % INTERFACE_SLOTS_MAX;
         let taken = self.attached.iter().any(|(other, attached)| attached.slot && other % INTERFACE_SLOTS_MAX == index);
         if taken {
             debug!(ifindex, index, "slot taken: counters in the hash map");
-            return Ok(false);
+            return Ok(None);
+        }
+        if self.keeper.as_ref().is_some_and(|keeper| keeper.pins.taken_over) && self.read_slot(ifindex).is_some() {
+            return Ok(Some(true));
         }
         let values = per_cpu(InterfaceSlot { ifindex, ..InterfaceSlot::default() }, self.nr_cpus, INTERFACE_SLOTS_MAP)?;
         self.interface_slots
             .set(index, values, 0)
             .map_err(|source| DatapathError::Map { name: INTERFACE_SLOTS_MAP, source: Box::new(source) })?;
-        Ok(true)
+        Ok(Some(false))
     }
 
     /// Frees `ifindex`'s slot; returns the counters it held, summed over CPUs.
@@ -232,30 +317,85 @@ impl Datapath {
     }
 
     /// The agent creates the counters entry so the hot path only ever increments in place.
-    fn ensure_counters_entry(&mut self, ifindex: u32) -> Result<(), DatapathError> {
+    /// Returns whether it was there already, a previous agent's (`keep_attached`).
+    fn ensure_counters_entry(&mut self, ifindex: u32) -> Result<bool, DatapathError> {
         let zeros = per_cpu(InterfaceCounters::default(), self.nr_cpus, INTERFACE_COUNTERS_MAP)?;
         match self.interface_counters.insert(ifindex, zeros, BPF_NOEXIST) {
-            Ok(()) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            Ok(()) => Ok(false),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
+                Ok(self.keeper.as_ref().is_some_and(|keeper| keeper.pins.taken_over))
+            }
             Err(source) => Err(DatapathError::Map { name: INTERFACE_COUNTERS_MAP, source: Box::new(source) }),
         }
     }
 
-    fn detach_links(&mut self, links: &mut Vec<(&'static str, SchedClassifierLinkId)>) {
+    /// Detaches `links` (dropping one detaches it; harmless when the device is gone), and
+    /// removes their pins.
+    pub(super) fn detach_links(&mut self, ifindex: u32, links: &mut Vec<(&'static str, SchedClassifierLink)>) {
         for (program_name, link) in links.drain(..) {
-            if let Ok(program) = program_mut::<SchedClassifier>(&mut self.ebpf, program_name) {
-                // Fails harmlessly when the device is already gone (the kernel dropped the link).
-                if let Err(error) = program.detach(link) {
-                    debug!(program_name, %error, "detach");
+            if let Some(keeper) = &self.keeper {
+                keeper.pins.unpin(&link_pin(program_name, ifindex));
+            }
+            drop(link);
+        }
+    }
+
+    /// At exit with `keep_attached`: leaves every tc program where it is, for the next
+    /// agent (tcx links stay by their pins, clsact filters by themselves).
+    pub fn leave_attached(&mut self) -> usize {
+        let attached = std::mem::take(&mut self.attached);
+        for interface in attached.values() {
+            debug!(interface = interface.name, "left attached");
+        }
+        let count = attached.len();
+        // Dropping the links would detach them.
+        std::mem::forget(attached);
+        count
+    }
+
+    /// Whether the programs stay attached when the agent exits (`keep_attached`).
+    pub fn keeps_attached(&self) -> bool {
+        self.keeper.is_some()
+    }
+
+    /// Once the interfaces present at start-up are attached: forgets what a previous agent
+    /// left for interfaces that are gone (their slots, counters entries and link pins), and
+    /// removes another build's pins (its programs ran until now).
+    pub fn finish_takeover(&mut self) {
+        let Some(keeper) = self.keeper.as_ref() else { return };
+        if keeper.pins.taken_over {
+            for name in keeper.pins.links() {
+                let Some((_, ifindex)) = name.split_once('@') else { continue };
+                if ifindex.parse().is_ok_and(|ifindex: u32| !self.attached.contains_key(&ifindex)) {
+                    keeper.pins.unpin(&name);
+                }
+            }
+            let stale: Vec<u32> = self
+                .interface_counters
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|i| !self.attached.contains_key(i))
+                .collect();
+            for ifindex in stale {
+                let _ = self.interface_counters.remove(&ifindex);
+            }
+            for index in 0..INTERFACE_SLOTS_MAX {
+                let owner =
+                    self.interface_slots.get(&index, 0).ok().and_then(|values| values.iter().next().map(|s| s.ifindex));
+                let held = owner
+                    .is_some_and(|owner| owner == 0 || self.attached.get(&owner).is_some_and(|attached| attached.slot));
+                if !held && let Ok(free) = per_cpu(InterfaceSlot::default(), self.nr_cpus, INTERFACE_SLOTS_MAP) {
+                    let _ = self.interface_slots.set(index, free, 0);
                 }
             }
         }
+        keeper.pins.remove_other_builds();
     }
 
     /// Detaches from `ifindex` and returns its final counters (the kernel entry is removed).
     pub fn detach(&mut self, ifindex: u32) -> Option<InterfaceCounters> {
         let mut attached = self.attached.remove(&ifindex)?;
-        self.detach_links(&mut attached.links);
+        self.detach_links(ifindex, &mut attached.links);
         let last = if attached.slot {
             self.release_slot(ifindex)
         } else {

@@ -424,10 +424,20 @@ impl Sampler {
         if new_keys.is_empty() {
             return;
         }
-        // Drops counted before we watched stay with "other".
+        // Drops counted before we watched stay with "other". An interface taken over from a
+        // previous agent (`keep_attached`) keeps that agent's baselines: its drops go on.
+        let taken_over = self.datapath.taken_over(host);
         for (drop_key, count) in self.datapath.read_drops() {
-            if new_keys.contains(&(u64::from(drop_key.netns), drop_key.ifindex)) {
-                self.attribution.baselines.entry(drop_key).or_insert(count);
+            if new_keys.contains(&(u64::from(drop_key.netns), drop_key.ifindex))
+                && !self.attribution.baselines.contains_key(&drop_key)
+            {
+                let baseline = if taken_over {
+                    self.datapath.kept_drop_baseline(&drop_key)
+                } else {
+                    self.datapath.keep_drop_baseline(&drop_key, count);
+                    count
+                };
+                self.attribution.baselines.insert(drop_key, baseline);
             }
         }
         for key in new_keys {
@@ -660,6 +670,21 @@ fn reason_name(names: &BTreeMap<u32, String>, reason: u32) -> String {
 }
 
 impl Sampler {
+    /// Whether the kernel programs stay attached at exit (`keep_attached`).
+    pub fn keeps_attached(&self) -> bool {
+        self.datapath.keeps_attached()
+    }
+
+    /// At exit with `keep_attached`: leaves every program attached for the next agent.
+    pub fn leave_attached(&mut self) -> usize {
+        self.datapath.leave_attached()
+    }
+
+    /// Once the interfaces present at start-up are attached (see [`Datapath::finish_takeover`]).
+    pub fn finish_takeover(&mut self) {
+        self.datapath.finish_takeover();
+    }
+
     /// Detaches from every interface; used at shutdown so nothing stays attached.
     pub fn detach_all(&mut self) {
         let attached: Vec<u32> = self.watched.keys().copied().collect();
