@@ -418,6 +418,21 @@ mod tests {
     }
 
     #[test]
+    fn programs_are_pinned_only_with_keep_attached() {
+        let config = Config::resolve(run_args(&["run"])).unwrap();
+        assert_eq!(config.datapath_options().pin_dir, None);
+        let config = Config::resolve(run_args(&["run", "--keep-attached", "true"])).unwrap();
+        assert_eq!(config.datapath_options().pin_dir, Some(PathBuf::from(DEFAULT_PIN_DIR)));
+        let config =
+            Config::resolve(run_args(&["run", "--keep-attached", "true", "--pin-dir", "/sys/fs/bpf/dm"])).unwrap();
+        assert_eq!(config.datapath_options().pin_dir, Some(PathBuf::from("/sys/fs/bpf/dm")));
+        match parse(&["detach"]).unwrap().command {
+            Command::Detach { pin_dir } => assert_eq!(pin_dir, PathBuf::from(DEFAULT_PIN_DIR)),
+            other => panic!("expected detach, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn flags_override_file_and_repeat() {
         let dir = std::env::temp_dir().join(format!("dm-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -97,7 +97,11 @@ fn an_agent_killed_on_clsact_leaves_filters_its_successor_replaces_exactly_once(
     let second = Agent::start(&host, &args)?;
     let blind = killed.elapsed();
     ensure!(filters()? == [1, 1], "after the restart, filters per direction: {:?}", filters()?);
-    ensure!(second.log_text().contains("removed a tc filter a previous agent left behind"), "{}", second.log_text());
+    ensure!(
+        second.log_text().contains("replaced a tc filter a previous agent left, in place"),
+        "{}",
+        second.log_text()
+    );
     let listener = host.run(|| UdpSocket::bind("0.0.0.0:5020"))??;
     send_udp(&pod.ns, addr(&pod.host_ip, 5020), 25)?;
     let labels = [("interface", pod.veth.as_str()), ("direction", "ingress")];

@@ -251,4 +251,12 @@ mod tests {
         assert_eq!(build_id(b"a"), "af63dc4c8601ec8c");
         assert_ne!(build_id(b"object one"), build_id(b"object two"));
     }
+
+    #[test]
+    fn a_pin_dir_off_bpffs_is_a_clear_error() {
+        let root = std::env::temp_dir().join(format!("dm-pins-{}", std::process::id()));
+        let error = Pins::open(&root, b"object").err().expect("not a bpffs");
+        assert!(error.to_string().contains("is not on a bpffs"), "{error}");
+        assert!(!root.exists(), "nothing created off bpffs");
+    }
 }

@@ -353,9 +353,11 @@ impl Datapath {
         count
     }
 
-    /// Whether the programs stay attached when the agent exits (`keep_attached`).
+    /// Whether the programs stay attached when the agent exits (`keep_attached`), which
+    /// they do while their pin directory is there: `datapath-monitor detach` (uninstall)
+    /// removes it, and the agent then detaches everything at exit.
     pub fn keeps_attached(&self) -> bool {
-        self.keeper.is_some()
+        self.keeper.as_ref().is_some_and(|keeper| keeper.pins.dir().exists())
     }
 
     /// Once the interfaces present at start-up are attached: forgets what a previous agent
