@@ -44,6 +44,7 @@ use crate::{
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let started = Instant::now();
+    privileges::check_required()?;
     let mounted = mounts::ensure_mounted().context("preparing tracefs and bpffs")?;
     if !mounted.is_empty() {
         info!(?mounted, "mounted missing pseudo filesystems");

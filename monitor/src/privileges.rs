@@ -88,6 +88,38 @@ pub fn names(set: u64) -> Vec<&'static str> {
     .collect()
 }
 
+/// The capabilities the agent cannot work without, checked before anything is loaded: a
+/// missing one is an error that names it and what it is for, rather than an agent that is
+/// ready and watches nothing. (`CAP_SYS_ADMIN` stands in for `CAP_BPF` and `CAP_PERFMON`.)
+pub fn check_required() -> anyhow::Result<()> {
+    let Ok(status) = fs::read_to_string("/proc/thread-self/status") else { return Ok(()) };
+    let Some((effective, _)) = sets_of(&status) else { return Ok(()) };
+    let has = |cap: u32| effective & bit(cap) != 0;
+    let mut missing = Vec::new();
+    if !has(CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN (attaching the tc programs to interfaces)");
+    }
+    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_BPF (loading the kernel programs and reading their maps; or CAP_SYS_ADMIN)");
+    }
+    if !has(CAP_PERFMON) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_PERFMON (the drop and process tracers; or CAP_SYS_ADMIN)");
+    }
+    if !missing.is_empty() {
+        bail!(
+            "the agent lacks {}: grant them (deploy/README.md, \"Capabilities and host paths\"), or run it as root",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Whether this thread's effective set holds `cap` (None when /proc cannot say).
+pub fn has_effective(cap: u32) -> Option<bool> {
+    let status = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    sets_of(&status).map(|(effective, _)| effective & bit(cap) != 0)
+}
+
 /// `CapEff` and `CapPrm` of one `/proc/.../status`.
 fn sets_of(status: &str) -> Option<(u64, u64)> {
     let field = |name: &str| {

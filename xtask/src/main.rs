@@ -5,6 +5,7 @@ mod bench;
 mod build;
 mod command;
 mod eval;
+mod image;
 mod lab;
 mod run;
 mod setup;
@@ -92,6 +93,9 @@ enum Task {
         #[arg(long)]
         only: Option<String>,
     },
+    /// Build the agent's container image (podman) from the Containerfile, tagged
+    /// localhost/datapath-monitor:<version>-<commit>, around a release build of this checkout.
+    Image,
     /// Boot a test VM (Debian kernel under QEMU, the host's root as its userland) and run a
     /// command in it, by default the agent; exits with the command's status.
     Vm {
@@ -160,6 +164,7 @@ fn main() -> ExitCode {
         }
         Task::Bench { quick, only } => bench::bench(quick, only.as_deref()),
         Task::Vm { kernel, command } => vm::vm(&kernel, &command),
+        Task::Image => image::image().map(drop),
         Task::Test { unit, e2e, kernels, filter } => match kernels {
             None => test::test(test::Selection { unit: !e2e, e2e: !unit, kernels: None }, &filter),
             Some(list) => vm::Kernel::parse_list(&list).and_then(|kernels| {

@@ -55,10 +55,38 @@ const APT_PACKAGES: &[&str] = &[
     "kmod",
     "xz-utils",
     "zstd",
+    // `cargo xtask image` and its end-to-end test: podman with runc (crun fails on these
+    // hosts' hybrid cgroups), and mmdebstrap for the runtime base where it cannot be pulled.
+    "podman",
+    "runc",
+    "mmdebstrap",
 ];
 
 /// In install order: bpf-linker builds against the LLVM the apt step installs.
-const REQUIREMENTS: &[&dyn Requirement] = &[&AptPackages, &RustToolchains, &BpfLinker, &DeployTools];
+const REQUIREMENTS: &[&dyn Requirement] = &[&AptPackages, &RustToolchains, &BpfLinker, &DeployTools, &CargoDeny];
+
+/// cargo-deny, for `cargo deny check licenses bans sources` (deny.toml).
+const CARGO_DENY_VERSION: &str = "~0.18";
+
+struct CargoDeny;
+
+impl Requirement for CargoDeny {
+    fn check(&self) -> anyhow::Result<State> {
+        Ok(match find_program("cargo-deny") {
+            Some(path) => State::Present(format!(
+                "{} at {}",
+                stdout(Command::new(&path).arg("--version")).unwrap_or_default().trim(),
+                path.display()
+            )),
+            None => State::Missing("cargo-deny".to_owned()),
+        })
+    }
+
+    fn install(&self) -> anyhow::Result<()> {
+        command::run(cargo().args(["install", "cargo-deny", "--locked", "--version", CARGO_DENY_VERSION]))
+            .context("installing cargo-deny from crates.io")
+    }
+}
 
 /// kubernetes-validate (PyPI), pinned: its bundled schemas validate the manifests offline.
 const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";

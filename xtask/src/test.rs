@@ -14,7 +14,7 @@ use anyhow::{Context as _, bail};
 use crate::{
     build,
     command::{self, Workspace},
-    setup,
+    image, setup,
     vm::{self, Kernel},
 };
 
@@ -26,6 +26,8 @@ const AGENT_PACKAGE: &str = "datapath-monitor";
 const AGENT_BIN_VAR: &str = "DATAPATH_MONITOR_BIN";
 /// How the lab scenario tests find the lab's binary.
 const LAB_BIN_VAR: &str = "DM_LAB_BIN";
+/// The agent image (`cargo xtask image`) the image end-to-end test runs.
+const IMAGE_VAR: &str = "DM_IMAGE";
 
 /// Which halves of the run to do: `--unit` is fmt, clippy and unit tests; `--e2e` the rest.
 pub struct Selection {
@@ -47,6 +49,7 @@ pub fn test(selection: Selection, filter: &[String]) -> anyhow::Result<()> {
         report.step("clippy (eBPF, nightly)", || clippy_ebpf(&workspace))?;
         report.step("unit tests", || unit_tests(&workspace))?;
         report.step("deploy manifests and alert rules", || deploy_checks(&workspace))?;
+        report.step("licenses, bans and sources (cargo deny)", || cargo_deny(&workspace))?;
     }
     if e2e || kernels.is_some() {
         let mut binaries = None;
@@ -56,7 +59,14 @@ pub fn test(selection: Selection, filter: &[String]) -> anyhow::Result<()> {
         })?;
         let (agent, lab) = binaries.context("the build step returned no binaries")?;
         if e2e {
-            report.step("end-to-end tests", || end_to_end_tests(&workspace, &agent, &lab, filter))?;
+            let mut tag = None;
+            report.step("agent image (podman, the release binary)", || {
+                let release = build::build_agent(&workspace, true)?;
+                tag = Some(image::build_image(&workspace, &release)?);
+                Ok(Outcome::Passed)
+            })?;
+            let tag = tag.context("the image step returned no tag")?;
+            report.step("end-to-end tests", || end_to_end_tests(&workspace, &agent, &lab, &tag, filter))?;
         }
         let kernels = kernels.unwrap_or_else(|| Kernel::DEFAULT_MATRIX.to_vec());
         report.step("end-to-end tests (VMs)", || vm_tests(&workspace, &kernels, &lab, filter))?;
@@ -140,7 +150,20 @@ fn deploy_checks(workspace: &Workspace) -> anyhow::Result<Outcome> {
     Ok(Outcome::Passed)
 }
 
-fn end_to_end_tests(workspace: &Workspace, agent: &Path, lab: &Path, filter: &[String]) -> anyhow::Result<Outcome> {
+/// `cargo deny check licenses bans sources` (deny.toml). Advisories need the RustSec
+/// database from github.com, which these machines cannot reach.
+fn cargo_deny(workspace: &Workspace) -> anyhow::Result<Outcome> {
+    command::run(cargo_in(workspace).args(["deny", "--log-level", "error", "check", "licenses", "bans", "sources"]))?;
+    Ok(Outcome::Passed)
+}
+
+fn end_to_end_tests(
+    workspace: &Workspace,
+    agent: &Path,
+    lab: &Path,
+    image: &str,
+    filter: &[String],
+) -> anyhow::Result<Outcome> {
     if !command::is_root() {
         if running_in_ci() {
             bail!("privileged end-to-end tests need root; CI never skips them");
@@ -153,6 +176,7 @@ fn end_to_end_tests(workspace: &Workspace, agent: &Path, lab: &Path, filter: &[S
         let mut test = cargo_in(workspace);
         test.env(AGENT_BIN_VAR, agent)
             .env(LAB_BIN_VAR, lab)
+            .env(IMAGE_VAR, image)
             .args(["test", "--package", package, "--", "--ignored", "--test-threads=1", "--nocapture"])
             .args(filter);
         command::run(&mut test)?;

@@ -75,8 +75,8 @@ pub enum DatapathError {
     Btf { what: String, source: Box<dyn std::error::Error + Send + Sync> },
     #[error("skb:kfree_skb tracepoint: {what}")]
     Tracepoint { what: String },
-    #[error("mounting {fstype} on {target}")]
-    Mount { target: &'static str, fstype: &'static str, source: std::io::Error },
+    #[error("mounting {fstype} on {target}{hint}")]
+    Mount { target: &'static str, fstype: &'static str, hint: &'static str, source: std::io::Error },
     #[error("loading the kernel programs")]
     Load(#[from] Box<aya::EbpfError>),
     #[error("program {name}")]

@@ -22,8 +22,17 @@ pub fn ensure_mounted() -> Result<Vec<&'static str>, DatapathError> {
         if !marker.is_empty() && Path::new(target).join(marker).exists() {
             continue;
         }
-        mount(Some(fstype), target, Some(fstype), MsFlags::empty(), None::<&str>)
-            .map_err(|errno| DatapathError::Mount { target, fstype, source: std::io::Error::from(errno) })?;
+        mount(Some(fstype), target, Some(fstype), MsFlags::empty(), None::<&str>).map_err(|errno| {
+            // Without CAP_SYS_ADMIN, say so: it is the one thing the operator can change.
+            let lacking = errno == nix::errno::Errno::EPERM
+                && crate::privileges::has_effective(crate::privileges::CAP_SYS_ADMIN) == Some(false);
+            let hint = if lacking {
+                ": the agent lacks CAP_SYS_ADMIN, which mounting needs (grant it, or mount it on the host)"
+            } else {
+                ""
+            };
+            DatapathError::Mount { target, fstype, hint, source: std::io::Error::from(errno) }
+        })?;
         info!(target, fstype, "mounted");
         mounted.push(target);
     }
