@@ -114,6 +114,47 @@ fn restart_loses_nothing(extra: &[&str], subnet: u8) -> Result<()> {
 
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
+fn a_restart_onto_the_other_attach_mode_counts_each_packet_once() -> Result<()> {
+    require_root();
+    if expected_tc_attach()? == "clsact" {
+        println!("no tcx on this kernel: nothing to switch from");
+        return Ok(());
+    }
+    let host = Netns::new("dmkc")?;
+    let pod = Pod::new(&host, 44)?;
+    let pin_dir = format!("{}/{}", bpffs()?, unique("dmpins"));
+    let _cleanup = Detach(pin_dir.clone());
+    let listener = host.run(|| UdpSocket::bind("0.0.0.0:5001"))??;
+    let ingress = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    let veth_ifindex = ifindex_of(&host, &pod.veth)?;
+    let keep = ["--keep-attached", "true", "--pin-dir", pin_dir.as_str()];
+    let mut expected = 0.0;
+    // tcx, then clsact, then tcx again: each agent takes over the same pinned counters, and
+    // the previous agent's programs of the other mode go.
+    for (round, mode) in ["tcx", "clsact", "tcx"].into_iter().enumerate() {
+        let mut args = keep.to_vec();
+        args.extend(["--tc-attach", mode]);
+        let mut agent = Agent::start(&host, &args)?;
+        send_udp(&pod.ns, addr(&pod.host_ip, 5001), 50)?;
+        expected += 50.0;
+        agent.wait_metrics("this round's packets", |m| m.value("datapath_packets_total", &ingress) >= expected)?;
+        settle();
+        let m = agent.metrics()?;
+        let (tcx, clsact) = (attachments(&host, veth_ifindex, false)?, attachments(&host, veth_ifindex, true)?);
+        println!(
+            "round {round} on {mode}: {} packets (sent {expected}); tcx links {tcx}, clsact filters {clsact}",
+            m.value("datapath_packets_total", &ingress)
+        );
+        ensure!(m.value("datapath_packets_total", &ingress) == expected, "{}", m.text);
+        ensure!((tcx, clsact) == if mode == "tcx" { (2, 0) } else { (0, 2) }, "tcx {tcx}, clsact {clsact}");
+        agent.stop()?;
+    }
+    drop(listener);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
 fn without_keep_attached_a_restart_is_blind_and_counts_start_again() -> Result<()> {
     require_root();
     let host = Netns::new("dmkb")?;

@@ -133,6 +133,11 @@ impl Datapath {
                     self.tc_mode.get_or_insert(AttachMode::Tcx);
                     let link = owned(program, id)?;
                     let Some(keeper) = self.keeper.as_mut() else { return Ok(link) };
+                    // A previous agent that ran on clsact (forced) left its filters: they go,
+                    // or both would count every packet.
+                    if tc::qdisc_detach_program(interface, attach_type, program_name).is_ok() {
+                        info!(interface, program = program_name, "removed a previous agent's clsact filter");
+                    }
                     let kept = FdLink::try_from(link)
                         .map_err(|error| error.to_string())
                         .and_then(|link| keeper.pins.pin(&pin, link))
@@ -190,6 +195,10 @@ impl Datapath {
         // are such (this agent attaches once per interface): this program replaces the first
         // in place (the hook never runs without one), and any other is removed, so that each
         // interface runs it exactly once.
+        // And a previous agent's pinned tcx link (it ran on tcx) goes: both would count.
+        if let Some(keeper) = &self.keeper {
+            keeper.pins.unpin(&link_pin(program_name, ifindex));
+        }
         let ingress = attach_type == TcAttachType::Ingress;
         let leftovers =
             super::attachments::clsact_filters_named(ifindex, ingress, program_name).unwrap_or_else(|error| {
