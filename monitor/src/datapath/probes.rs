@@ -99,7 +99,8 @@ pub const DISABLED: &str = "disabled by configuration (disable_probes)";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttachMode {
-    /// BPF links (kernel >= 6.6): detached by the kernel when the agent exits.
+    /// BPF links (kernel >= 6.6): detached by the kernel when the agent exits, unless pinned
+    /// (`keep_attached`).
     Tcx,
     /// Legacy clsact qdisc filters through netlink.
     Clsact,
