@@ -624,6 +624,20 @@ pub fn addr(ip: &str, port: u16) -> std::net::SocketAddr {
     format!("{ip}:{port}").parse().expect("test address")
 }
 
+/// The fallbacks older kernels get, forced on this one: clsact instead of tcx, and the
+/// classic tracepoint (offsets from its format file) instead of tp_btf.
+pub const FALLBACKS: &[&str] = &["--tc-attach", "clsact", "--drop-tracer", "tracepoint"];
+
+/// Packets matched so far by the INPUT rule on `dport` in `ns`, from iptables' own counters.
+pub fn iptables_rule_packets(ns: &Netns, dport: &str) -> Result<u64> {
+    let listing = ns.exec(&["iptables", "-L", "INPUT", "-v", "-x", "-n"])?;
+    let line = listing
+        .lines()
+        .find(|l| l.contains(&format!("dpt:{dport}")))
+        .ok_or_else(|| anyhow::anyhow!("no rule for {dport}:\n{listing}"))?;
+    Ok(line.split_whitespace().next().unwrap_or_default().parse()?)
+}
+
 /// Sends `count` UDP datagrams of [`UDP_PAYLOAD`] bytes from inside `from` to `to`.
 pub fn send_udp(from: &Netns, to: std::net::SocketAddr, count: usize) -> Result<()> {
     from.run(move || -> Result<()> {

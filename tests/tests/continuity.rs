@@ -7,14 +7,12 @@ use std::{net::UdpSocket, os::unix::fs::PermissionsExt as _};
 
 use anyhow::{Context as _, Result, ensure};
 use datapath_monitor_tests::{
-    Agent, Metrics, Netns, Pod, TempDir, UDP_PAYLOAD, addr, agent_binary, expected_tc_attach, ifindex_of, require_root,
-    send_udp, settle, sh, unique, unique_comm,
+    Agent, FALLBACKS, Metrics, Netns, Pod, TempDir, UDP_PAYLOAD, addr, agent_binary, expected_tc_attach, ifindex_of,
+    iptables_rule_packets, require_root, send_udp, settle, sh, unique, unique_comm,
 };
 
 /// A datagram's frame on the veth: Ethernet (14) + IPv4 (20) + UDP (8) + payload.
 const FRAME: f64 = (14 + 20 + 8 + UDP_PAYLOAD) as f64;
-/// The fallbacks older kernels get, forced on this one.
-const FALLBACKS: &[&str] = &["--tc-attach", "clsact", "--drop-tracer", "tracepoint"];
 
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
@@ -244,14 +242,4 @@ fn attachments(ns: &Netns, ifindex: u32, clsact: bool) -> Result<usize> {
                 && filter["name"].as_str().is_some_and(|name| name.starts_with("tc_"))
         })
         .count())
-}
-
-/// Packets matched so far by the INPUT rule on UDP port `dport`, from iptables' own counters.
-fn iptables_rule_packets(ns: &Netns, dport: &str) -> Result<u64> {
-    let listing = ns.exec(&["iptables", "-L", "INPUT", "-v", "-x", "-n"])?;
-    let line = listing
-        .lines()
-        .find(|l| l.contains(&format!("dpt:{dport}")))
-        .with_context(|| format!("no rule for {dport}:\n{listing}"))?;
-    Ok(line.split_whitespace().next().unwrap_or_default().parse()?)
 }

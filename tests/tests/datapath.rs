@@ -13,16 +13,13 @@ use std::{
 
 use anyhow::{Context as _, Result, ensure};
 use datapath_monitor_tests::{
-    Agent, Metrics, Netns, Pod, TempDir, addr, expected_tc_attach, ifindex_of, require_root, send_udp, settle, sh,
+    Agent, FALLBACKS, Metrics, Netns, Pod, TempDir, addr, expected_tc_attach, ifindex_of, iptables_rule_packets,
+    require_root, send_udp, settle, sh,
 };
 
 use datapath_monitor_tests::UDP_PAYLOAD as PAYLOAD;
 /// Ethernet (14) + IPv4 (20) + UDP (8) + payload: skb->len on a veth.
 const FRAME: f64 = (14 + 20 + 8 + PAYLOAD) as f64;
-
-/// The fallbacks older kernels get, forced on this one: clsact instead of tcx, and the
-/// classic tracepoint (offsets from its format file) instead of tp_btf.
-const FALLBACKS: &[&str] = &["--tc-attach", "clsact", "--drop-tracer", "tracepoint"];
 
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
@@ -435,16 +432,6 @@ fn drops_for_a_pod_on_a_host_device(agent_args: &[&str], subnet: u8) -> Result<(
     assert_eq!(m.value("datapath_drops_total", &dropped), 40.0, "{}", m.text);
     assert_eq!(elsewhere(&m) - before_elsewhere, 7.0, "{}", m.text);
     Ok(())
-}
-
-/// Packets matched so far by the INPUT rule on `dport`, from iptables' own counters.
-fn iptables_rule_packets(ns: &Netns, dport: &str) -> Result<u64> {
-    let listing = ns.exec(&["iptables", "-L", "INPUT", "-v", "-x", "-n"])?;
-    let line = listing
-        .lines()
-        .find(|l| l.contains(&format!("dpt:{dport}")))
-        .ok_or_else(|| anyhow::anyhow!("no rule for {dport}:\n{listing}"))?;
-    Ok(line.split_whitespace().next().unwrap_or_default().parse()?)
 }
 
 /// Runs of `program` the kernel skipped to avoid recursion (bpf_prog_info.recursion_misses).
