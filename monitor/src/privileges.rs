@@ -92,8 +92,7 @@ pub fn names(set: u64) -> Vec<&'static str> {
 /// missing one is an error that names it and what it is for, rather than an agent that is
 /// ready and watches nothing. (`CAP_SYS_ADMIN` stands in for `CAP_BPF` and `CAP_PERFMON`.)
 pub fn check_required() -> anyhow::Result<()> {
-    let Ok(status) = fs::read_to_string("/proc/thread-self/status") else { return Ok(()) };
-    let Some((effective, _)) = sets_of(&status) else { return Ok(()) };
+    let Some(effective) = effective_set() else { return Ok(()) };
     let has = |cap: u32| effective & bit(cap) != 0;
     let mut missing = Vec::new();
     if !has(CAP_NET_ADMIN) {
@@ -116,8 +115,13 @@ pub fn check_required() -> anyhow::Result<()> {
 
 /// Whether this thread's effective set holds `cap` (None when /proc cannot say).
 pub fn has_effective(cap: u32) -> Option<bool> {
-    let status = std::fs::read_to_string("/proc/thread-self/status").ok()?;
-    sets_of(&status).map(|(effective, _)| effective & bit(cap) != 0)
+    effective_set().map(|effective| effective & bit(cap) != 0)
+}
+
+/// This thread's `CapEff` (None when /proc cannot say).
+fn effective_set() -> Option<u64> {
+    let status = fs::read_to_string("/proc/thread-self/status").ok()?;
+    sets_of(&status).map(|(effective, _)| effective)
 }
 
 /// `CapEff` and `CapPrm` of one `/proc/.../status`.
