@@ -326,8 +326,19 @@ fn pod_cycles_with_traffic_leave_kernel_state_fds_and_memory_where_they_were() -
     for index in 0..20 {
         cycle(index)?;
     }
-    agent.wait_metrics("warm-up detached", |m| m.value("datapath_interfaces_attached", &[]) == 0.0)?;
-    let (links_before, fds_before, rss_before) = footprint(&agent, &host)?;
+    // The agent's gauge reads 0 both before it attaches the last pod and after it detaches
+    // it (CI once took the baseline in between: 2 tcx links, then 0). Wait for the kernel
+    // to agree, so the baseline is taken with no pod attached.
+    let deadline = Instant::now() + scaled(Duration::from_secs(30));
+    let (links_before, fds_before, rss_before) = loop {
+        let attached = agent.metrics()?.value("datapath_interfaces_attached", &[]);
+        let footprint = footprint(&agent, &host)?;
+        if attached == 0.0 && footprint.0 == 0 {
+            break footprint;
+        }
+        ensure!(Instant::now() < deadline, "after the warm-up: {attached} attached, {} tc attachments", footprint.0);
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let started = Instant::now();
     for index in 20..20 + cycles {
         cycle(index)?;
