@@ -227,6 +227,78 @@ fn steady_traffic_that_stops_is_idle_not_an_incident() -> Result<()> {
     Ok(())
 }
 
+/// Packets matched so far by the first rule of the raw table's PREROUTING chain in `ns`.
+fn raw_prerouting_packets(ns: &Netns) -> Result<u64> {
+    let listing = ns.exec(&["iptables", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n"])?;
+    let line = listing.lines().find(|l| l.contains("DROP")).with_context(|| format!("no DROP rule in:\n{listing}"))?;
+    Ok(line.split_whitespace().next().unwrap_or_default().parse()?)
+}
+
+#[test]
+#[ignore = "needs root: run through cargo xtask test"]
+fn broadcasts_and_multicasts_a_policy_drops_are_counted_and_open_no_incident() -> Result<()> {
+    require_root();
+    let host = Netns::new("dmtg")?;
+    let pod = Pod::new(&host, 6)?;
+    let state = TempDir::new("dmstate")?;
+    let dir = state.display();
+    let agent = Agent::start(&host, &["--cni-dir", &dir, "--cni-cache-dir", &dir, "--state-dir", &dir])?;
+    // A firewall on the node drops the pod's datagrams to port 7100 before routing: here
+    // only its broadcasts (the /30's broadcast address) and multicasts (239.1.2.3) go there,
+    // as a node drops discovery protocols the network does not carry.
+    ns_route(&pod.ns, "239.0.0.0/8")?;
+    host.exec(&[
+        "iptables",
+        "-t",
+        "raw",
+        "-I",
+        "PREROUTING",
+        "-i",
+        &pod.veth,
+        "-p",
+        "udp",
+        "--dport",
+        "7100",
+        "-j",
+        "DROP",
+    ])?;
+    // The /30 of pod 6: 10.77.6.0 to 10.77.6.3.
+    let broadcast = "10.77.6.3:7100";
+    let senders = pod.ns.run(move || -> Result<u64> {
+        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        socket.set_broadcast(true)?;
+        let mut sent = 0;
+        // 40 a second for 8 s: far over the incident floor (3 a second).
+        for _ in 0..8 * 20 {
+            socket.send_to(&[0x5a; 64], broadcast)?;
+            socket.send_to(&[0x5a; 64], "239.1.2.3:7100")?;
+            sent += 2;
+            thread::sleep(Duration::from_millis(50));
+        }
+        Ok(sent)
+    })??;
+    thread::sleep(Duration::from_secs(3));
+    let dropped_by_rule = raw_prerouting_packets(&host)?;
+    let all = incidents(&agent)?;
+    ensure!(all.is_empty(), "dropped broadcasts and multicasts made an incident: {all:#?}");
+    let labels = [("interface", pod.veth.as_str()), ("reason", "NETFILTER_DROP")];
+    let metrics =
+        agent.wait_metrics("the drops", |m| m.value("datapath_drops_total", &labels) >= dropped_by_rule as f64)?;
+    let drops = metrics.value("datapath_drops_total", &labels);
+    let group = metrics.value("datapath_group_drops_total", &labels);
+    println!(
+        "{senders} broadcasts and multicasts sent, {dropped_by_rule} dropped by the rule; drops {drops}, of them to a group {group}; no incident"
+    );
+    ensure!(dropped_by_rule == senders, "the rule dropped {dropped_by_rule} of {senders}");
+    ensure!(drops == senders as f64 && group == senders as f64, "{}", metrics.text);
+    Ok(())
+}
+
+fn ns_route(ns: &Netns, to: &str) -> Result<()> {
+    ns.exec(&["ip", "route", "add", to, "dev", "eth0"])?;
+    Ok(())
+}
+
 #[test]
 #[ignore = "needs root: run through cargo xtask test"]
 fn a_fault_two_seconds_after_the_agent_is_ready_is_one_incident_counting_what_was_lost() -> Result<()> {
