@@ -194,12 +194,6 @@ pub struct DropKey {
     /// veth (host side), so that the drop counts for the pod it was meant for
     /// ([`POD_ADDRESSES_MAP`]).
     pub via: u32,
-    /// 1 when the packet was addressed to a group (its Ethernet destination's group bit: a
-    /// broadcast or a multicast; without an Ethernet header, an IPv4 multicast or limited
-    /// broadcast, an IPv6 multicast), else 0. Such frames are flooded, or dropped by a
-    /// switch's or a firewall's policy, and no sender waits for them: counted, never loss
-    /// evidence.
-    pub group: u32,
 }
 
 /// Key of [`POD_ADDRESSES_MAP`]: an address of a pod; the value is the ifindex of the pod's
@@ -328,8 +322,6 @@ pub const GLOBAL_NET_INUM_OFFSET: &str = "NET_INUM_OFFSET";
 /// devices other than pod veths credit drops to the destination pod.
 pub const GLOBAL_SKB_HEAD_OFFSET: &str = "SKB_HEAD_OFFSET";
 pub const GLOBAL_SKB_NETWORK_HEADER_OFFSET: &str = "SKB_NETWORK_HEADER_OFFSET";
-/// `sk_buff.mac_header`: whether a dropped frame was addressed to a group ([`DropKey::group`]).
-pub const GLOBAL_SKB_MAC_HEADER_OFFSET: &str = "SKB_MAC_HEADER_OFFSET";
 pub const GLOBAL_SKB_PROTOCOL_OFFSET: &str = "SKB_PROTOCOL_OFFSET";
 pub const GLOBAL_HOST_NETNS: &str = "HOST_NETNS";
 /// Offsets of fields in the classic `skb:kfree_skb` tracepoint record (from its format file).
@@ -438,7 +430,7 @@ mod tests {
         assert!(INTERFACE_SLOTS_MAX.is_power_of_two());
         assert_eq!(size_of::<FlowKey>(), 4 + 2 + 2 + 16 + 16 + 2 + 2);
         assert_eq!(size_of::<FlowState>(), 16);
-        assert_eq!(size_of::<DropKey>(), 5 * 4);
+        assert_eq!(size_of::<DropKey>(), 16);
         assert_eq!(size_of::<RetransmitKey>(), 4 + 2 + 2 + 16);
         assert_eq!(size_of::<PodAddress>(), 2 + 2 + 16);
         assert_eq!(size_of::<ProcessEvent>(), 8 + 4 * 4 + COMM_LEN + 4 + 4);

@@ -52,8 +52,6 @@ static SKB_HEAD_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static SKB_NETWORK_HEADER_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
-static SKB_MAC_HEADER_OFFSET: u32 = 0;
-#[unsafe(no_mangle)]
 static SKB_PROTOCOL_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static HOST_NETNS: u32 = 0;
@@ -116,50 +114,11 @@ fn record_drop(skb: *const u8, mut reason: u32, location: u64) {
         }
     }
     let (netns, ifindex) = device.unwrap_or((0, 0));
-    let group = u32::from(group_addressed(skb));
     let key = match pod_destination(skb, netns, ifindex) {
-        Some(veth) => DropKey { netns, ifindex: veth, reason, via: ifindex, group },
-        None => DropKey { netns, ifindex, reason, via: 0, group },
+        Some(veth) => DropKey { netns, ifindex: veth, reason, via: ifindex },
+        None => DropKey { netns, ifindex, reason, via: 0 },
     };
     record_drop_on(key);
-}
-
-/// Whether the packet was addressed to a group: the group bit of its Ethernet destination
-/// when it has an Ethernet header (at least 14 bytes before its network header), else an
-/// IPv4 multicast or limited broadcast, or an IPv6 multicast destination.
-fn group_addressed(skb: *const u8) -> bool {
-    const ETH_HLEN: u16 = 14;
-    // SAFETY: bpf_probe_read_kernel checks the addresses; offsets come from the kernel's BTF.
-    unsafe {
-        let Ok(head) = bpf_probe_read_kernel::<*const u8>(skb.add(global(&SKB_HEAD_OFFSET) as usize).cast()) else {
-            return false;
-        };
-        let mac: u16 =
-            bpf_probe_read_kernel(skb.add(global(&SKB_MAC_HEADER_OFFSET) as usize).cast()).unwrap_or(u16::MAX);
-        let network: u16 =
-            bpf_probe_read_kernel(skb.add(global(&SKB_NETWORK_HEADER_OFFSET) as usize).cast()).unwrap_or(u16::MAX);
-        // An unset header offset is all ones. Devices without link-layer headers (ipip, a
-        // tun) leave the MAC header at the network header.
-        if head.is_null() {
-            return false;
-        }
-        if mac != u16::MAX && (network == u16::MAX || network >= mac.saturating_add(ETH_HLEN)) {
-            let first: u8 = bpf_probe_read_kernel(head.add(usize::from(mac))).unwrap_or(0);
-            return first & 1 != 0;
-        }
-        if network == u16::MAX {
-            return false;
-        }
-        let ip = head.add(usize::from(network));
-        match u16::from_be(protocol_of(skb)) {
-            0x0800 => match bpf_probe_read_kernel::<[u8; 4]>(ip.add(16).cast()) {
-                Ok(daddr) => daddr[0] & 0xf0 == 0xe0 || daddr == [255; 4],
-                Err(_) => false,
-            },
-            0x86dd => bpf_probe_read_kernel::<u8>(ip.add(24)).is_ok_and(|first| first == 0xff),
-            _ => false,
-        }
-    }
 }
 
 /// The host-side veth of the pod a packet dropped on host device (`netns`, `ifindex`) was

@@ -483,8 +483,6 @@ fn broadcasts_the_flows_drop_are_not_counted_as_unforwarded() -> Result<()> {
             of(&veth_b, "egress", "datapath_packets_total"),
             m.value("datapath_switch_unforwarded_packets_total", &switch),
             of(&veth_b, "ingress", "datapath_packets_total"),
-            m.value("datapath_group_drops_total", &[("interface", &veth_a)]),
-            m.value("datapath_drops_total", &[("interface", &veth_a)]),
         ]
     };
     let start = counts(&agent.metrics()?);
@@ -523,17 +521,10 @@ fn broadcasts_the_flows_drop_are_not_counted_as_unforwarded() -> Result<()> {
     ensure!(delta[2] == UNICAST as f64, "{} packets reached b, {UNICAST} datagrams sent", delta[2]);
     ensure!(delta[3] == 0.0, "the switch counted {} unforwarded packets", delta[3]);
     // The kernel's own drops of the broadcasts (from 6.4 `OVS_DROP_LAST_ACTION`: a flow without
-    // an output) stay the kernel's, on a's port; the switch adds nothing to them. Each is a
-    // drop of a frame to a group address: counted apart, and no evidence of loss (below).
+    // an output) stay the kernel's, on a's port; the switch adds nothing to them.
     let kernel: Vec<String> =
         drops_of(&agent.metrics()?, &veth_a).map(|(reason, value)| format!("{reason}={value}")).collect();
-    println!("the kernel's drops on {veth_a}: {kernel:?}; of them to a group address: {}", delta[5]);
-    if kernel_version()? >= (6, 4) {
-        ensure!(delta[5] == BROADCASTS as f64, "{} group-addressed drops of {BROADCASTS} broadcasts", delta[5]);
-        ensure!(delta[6] == delta[5], "{} drops on {veth_a}, {} of them group-addressed", delta[6], delta[5]);
-    } else {
-        ensure!(delta[6] == 0.0, "before 6.4 OVS frees what its flows drop as consumed: {} drops", delta[6]);
-    }
+    println!("the kernel's drops on {veth_a}: {kernel:?}");
     // ovs-vswitchd runs: every upcall succeeds and its packet is freed as consumed. A drop of a
     // later packet that reuses such a packet's address is no failed upcall.
     let failed: f64 =
@@ -541,10 +532,6 @@ fn broadcasts_the_flows_drop_are_not_counted_as_unforwarded() -> Result<()> {
     ensure!(after.lost == before.lost, "ovs-dpctl lost {} upcalls", after.lost - before.lost);
     ensure!(failed == 0.0, "{failed} drops on {veth_a} named OVS_UPCALL_FAILED, ovs-dpctl lost none");
     let incidents = agent.get_json("/api/v1/incidents")?;
-    ensure!(
-        incidents.as_array().is_some_and(Vec::is_empty),
-        "broadcasts the flows drop made an incident: {incidents:#}"
-    );
     let on_switch = incidents.as_array().into_iter().flatten().flat_map(|i| i["interfaces"].as_array()).flatten();
     for member in on_switch {
         ensure!(member["interface"] != "ovs-system", "the switch in an incident: {incidents:#}");

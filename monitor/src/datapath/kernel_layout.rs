@@ -27,8 +27,6 @@ pub struct DropTracerOffsets {
     pub skb_head: u32,
     pub skb_network_header: u32,
     pub skb_protocol: u32,
-    /// `sk_buff.mac_header`: whether a dropped frame was addressed to a group.
-    pub skb_mac_header: u32,
 }
 
 /// Byte offsets the retransmit tracer follows from `struct sock *` (through its leading
@@ -122,7 +120,6 @@ impl KernelLayout {
             skb_head: member_offset(&btf, "sk_buff", &["head"])?,
             skb_network_header: member_offset(&btf, "sk_buff", &["network_header"])?,
             skb_protocol: member_offset(&btf, "sk_buff", &["protocol"])?,
-            skb_mac_header: member_offset(&btf, "sk_buff", &["mac_header"])?,
         };
         let socket_offsets = SocketOffsets::resolve(&btf).map_err(|error| crate::errors::chain(&error));
         let mut drop_reasons = drop_reasons(&btf);
@@ -493,8 +490,6 @@ format:
         let o = layout.offsets;
         assert!(o.skb_dev < o.skb_protocol && o.skb_protocol < o.skb_network_header, "{o:?}");
         assert!(o.skb_network_header < o.skb_head && o.skb_head.is_multiple_of(8), "{o:?}");
-        // mac_header follows network_header (both u16) in the group.
-        assert_eq!(o.skb_mac_header, o.skb_network_header + 2, "{o:?}");
         assert_eq!(layout.drop_reasons.get(&2).map(String::as_str), Some("NOT_SPECIFIED"));
         assert!(layout.drop_reasons.values().any(|r| r == "NO_SOCKET"));
         assert!(layout.drop_reasons.values().any(|r| r == "NETFILTER_DROP"));

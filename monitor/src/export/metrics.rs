@@ -236,23 +236,6 @@ impl Collector for SampleCollector {
         )?;
         counter(
             &mut encoder,
-            "datapath_group_drops",
-            "Of datapath_drops_total on watched interfaces, the frames addressed to a group (broadcast, multicast): \
-             counted, never evidence of loss.",
-            sample.interfaces.iter().flat_map(|s| {
-                s.group_drops.iter().map(move |(reason, count)| {
-                    let labels: Labels = vec![
-                        ("interface", s.interface.as_str()),
-                        ("reason", reason.as_str()),
-                        ("pod_namespace", s.pod_namespace.as_str()),
-                        ("pod", s.pod.as_str()),
-                    ];
-                    (labels, *count)
-                })
-            }),
-        )?;
-        counter(
-            &mut encoder,
             "datapath_switch_unforwarded_packets",
             "Packets that entered a switch (bridge, OVS datapath) on a watched port and left on none, per sample entered minus left.",
             sample.switches.iter().map(|s| {
@@ -552,8 +535,7 @@ mod tests {
                     },
                     egress: DirectionCounters { packets: 1, bytes: 54, tcp_resets: 1, ..Default::default() },
                 },
-                drops: BTreeMap::from([("NO_SOCKET".to_string(), 7), ("NETFILTER_DROP".to_string(), 2)]),
-                group_drops: BTreeMap::from([("NETFILTER_DROP".to_string(), 2)]),
+                drops: BTreeMap::from([("NO_SOCKET".to_string(), 7)]),
                 tcp_retransmits: 9,
                 ..InterfaceSeries::default()
             }],
@@ -595,8 +577,6 @@ mod tests {
             r#"datapath_tcp_retransmits_total{interface="other",pod_namespace="",pod=""} 5"#,
             r#"datapath_drops_total{interface="veth1a2b3c4d",reason="NO_SOCKET",pod_namespace="",pod=""} 7"#,
             r#"datapath_drops_total{interface="other",reason="NOT_SPECIFIED",pod_namespace="",pod=""} 4"#,
-            r#"datapath_drops_total{interface="veth1a2b3c4d",reason="NETFILTER_DROP",pod_namespace="",pod=""} 2"#,
-            r#"datapath_group_drops_total{interface="veth1a2b3c4d",reason="NETFILTER_DROP",pod_namespace="",pod=""} 2"#,
             "datapath_interfaces_attached 1",
             r#"datapath_switch_unforwarded_packets_total{switch="ovs-system"} 12"#,
             r#"datapath_bpf_program_runs_total{program="tc_ingress"} 10"#,

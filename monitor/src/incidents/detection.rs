@@ -1,8 +1,7 @@
 //! Detection, per watched interface, at every sample (250 ms), from evidence that packets
 //! are being lost, never from silence alone:
 //! - **loss evidence** ([`LostPackets`]): drops whose reason means the network lost the packet
-//!   (`NETFILTER_DROP`, `NEIGH_FAILED`, `QDISC_DROP`, an OVS drop, ...; drops of frames to a
-//!   group address, which nobody waits for, never count), SYN and data retransmits,
+//!   (`NETFILTER_DROP`, `NEIGH_FAILED`, `QDISC_DROP`, an OVS drop, ...), SYN and data retransmits,
 //!   handshakes left unanswered ([`Handshakes`]), and packets of conversations sending while
 //!   nothing comes back (counted by the kernel, see `monitor_common::Conversation`). It needs
 //!   no warm-up: an interface's baseline of it starts at zero.
@@ -134,16 +133,8 @@ impl Counters {
     fn from_series(series: &InterfaceSeries) -> Self {
         let c = &series.counters;
         let both = |pick: fn(&monitor_common::DirectionCounters) -> u64| [pick(&c.ingress), pick(&c.egress)];
-        // Frames to a group address (flooded, or dropped by policy; nobody waits for them)
-        // are no loss evidence.
-        let drops = series
-            .drops
-            .iter()
-            .map(|(reason, n)| (reason.clone(), n.saturating_sub(series.group_drops.get(reason).copied().unwrap_or(0))))
-            .filter(|(_, n)| *n > 0)
-            .collect();
         Self {
-            drops,
+            drops: series.drops.clone(),
             resets: c.ingress.tcp_resets + c.egress.tcp_resets,
             syn: c.ingress.syn_retransmits + c.egress.syn_retransmits,
             syn_retransmits: both(|d| d.syn_retransmits),

@@ -36,8 +36,6 @@ struct Rates {
     /// Drops per second, with `reason` (NO_SOCKET when empty).
     drops: u64,
     reason: &'static str,
-    /// The drops are of frames to a group address (broadcast, multicast).
-    group: bool,
     packets_in: u64,
     packets_out: u64,
     /// Unanswered packets per second (from the pod), as the kernel counts them.
@@ -55,7 +53,6 @@ struct Rates {
 #[derive(Default)]
 struct Totals {
     drops: BTreeMap<&'static str, f64>,
-    group_drops: BTreeMap<&'static str, f64>,
     packets: [f64; 2],
     unanswered: f64,
     unanswered_out: f64,
@@ -118,9 +115,6 @@ impl Sim {
                         let per_tick = |rate: u64| rate as f64 / 4.0 * part;
                         let reason = if r.reason.is_empty() { "NO_SOCKET" } else { r.reason };
                         *total.drops.entry(reason).or_default() += per_tick(r.drops);
-                        if r.group {
-                            *total.group_drops.entry(reason).or_default() += per_tick(r.drops);
-                        }
                         total.packets[0] += per_tick(r.packets_in);
                         total.packets[1] += per_tick(r.packets_out);
                         if r.unanswered > 0 || r.unanswered_out > 0 {
@@ -135,10 +129,12 @@ impl Sim {
                         total.syn_retransmits += per_tick(r.syn_retransmits);
                         total.data_retransmits += per_tick(r.data_retransmits);
                     }
-                    let whole = |drops: &BTreeMap<&'static str, f64>| {
-                        drops.iter().filter(|(_, n)| **n >= 1.0).map(|(r, n)| (r.to_string(), *n as u64)).collect()
-                    };
-                    let (drops, group_drops) = (whole(&total.drops), whole(&total.group_drops));
+                    let drops = total
+                        .drops
+                        .iter()
+                        .filter(|(_, n)| **n >= 1.0)
+                        .map(|(r, n)| (r.to_string(), *n as u64))
+                        .collect();
                     InterfaceSeries {
                         interface: name.to_string(),
                         ifindex: i as u32 + 10,
@@ -164,7 +160,6 @@ impl Sim {
                             },
                         },
                         drops,
-                        group_drops,
                         tcp_retransmits: total.data_retransmits as u64,
                         removed: false,
                         is_pod_veth: !name.starts_with("tun"),
@@ -440,7 +435,7 @@ fn benign_drops_that_grow_or_shrink_with_the_traffic_open_no_incident() {
 /// incident). Loss-class evidence needs no warm-up; benign-class drops need a warm baseline.
 #[test]
 fn each_evidence_opens_an_incident_when_it_should() {
-    let cases: [(&str, Rates, bool); 14] = [
+    let cases: [(&str, Rates, bool); 11] = [
         ("unanswered from the first second", one_sided("veth0001", 0.0, 6.0), true),
         ("unanswered 2 s after start", one_sided("veth0001", 2.0, 8.0), true),
         (
@@ -461,24 +456,6 @@ fn each_evidence_opens_an_incident_when_it_should() {
             true,
         ),
         ("answered handshakes", Rates { syns: 50, answered: 50, ..burst("veth0001", 0.0, 20.0, 0) }, false),
-        // Broadcasts and multicasts a policy drops (a firewall, a switch's flows): nobody
-        // waits for them, so they are counted, not lost; whether they start with the agent,
-        // later, or surge on a warm baseline.
-        (
-            "group-addressed NETFILTER_DROP 2 s after start",
-            Rates { drops: 50, reason: "NETFILTER_DROP", group: true, ..burst("veth0001", 2.0, 6.0, 0) },
-            false,
-        ),
-        (
-            "group-addressed OVS_DROP_LAST_ACTION surge on a warm baseline",
-            Rates { drops: 50, reason: "OVS_DROP_LAST_ACTION", group: true, ..burst("veth0001", 12.0, 30.0, 0) },
-            false,
-        ),
-        (
-            "group-addressed OTHERHOST surge on a warm baseline",
-            Rates { drops: 50, reason: "OTHERHOST", group: true, ..burst("veth0001", 12.0, 16.0, 0) },
-            false,
-        ),
         (
             "OTHERHOST 2 s after start (cold baseline)",
             Rates { drops: 50, reason: "OTHERHOST", ..burst("veth0001", 2.0, 6.0, 0) },

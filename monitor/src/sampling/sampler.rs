@@ -42,9 +42,6 @@ pub struct InterfaceSeries {
     pub counters: InterfaceCounters,
     /// Drops by reason name, on the host side or the pod side of this interface.
     pub drops: BTreeMap<String, u64>,
-    /// Of `drops`, those of frames addressed to a group (broadcast, multicast; see
-    /// [`DropKey::group`]): counted, never loss evidence.
-    pub group_drops: BTreeMap<String, u64>,
     /// TCP data segments retransmitted by sockets of this pod's netns, or by the node's
     /// sockets to this pod's addresses (SYN and SYN-ACK retransmits excluded).
     pub tcp_retransmits: u64,
@@ -490,15 +487,10 @@ impl Sampler {
         retransmits: &RetransmitTotals,
     ) -> InterfaceSeries {
         let mut drops = BTreeMap::new();
-        let mut group_drops = BTreeMap::new();
         for (key, count) in kernel_drops {
             if self.attribution.owners.get(&(u64::from(key.netns), key.ifindex)) == Some(&link.ifindex) {
                 let since_watched = count.saturating_sub(self.attribution.baselines.get(key).copied().unwrap_or(0));
-                let reason = reason_name(&self.reason_names, key.reason);
-                if key.group != 0 {
-                    *group_drops.entry(reason.clone()).or_default() += since_watched;
-                }
-                *drops.entry(reason).or_default() += since_watched;
+                *drops.entry(reason_name(&self.reason_names, key.reason)).or_default() += since_watched;
             }
         }
         let pod = self.pod_of(link).unwrap_or_default();
@@ -509,7 +501,6 @@ impl Sampler {
             pod: pod.name,
             counters,
             drops,
-            group_drops,
             tcp_retransmits: retransmits.get(&Some(link.ifindex)).copied().unwrap_or(0),
             removed: false,
             is_pod_veth: link.is_pod_veth(),
