@@ -10,6 +10,7 @@ use std::{
     fmt::Write as _,
     fs,
     path::{Path, PathBuf},
+    thread,
     time::{Duration, Instant},
 };
 
@@ -52,6 +53,7 @@ pub fn vm(kernel: &str, command: &[String]) -> anyhow::Result<()> {
         forward_ports: Vec::new(),
         timeout: None,
         console_log: None,
+        console_prefix: String::new(),
     };
     exit_with(guest::run(&prepared, &job)?.status)
 }
@@ -80,6 +82,7 @@ pub fn run_agent(kernel: &str, release: bool, args: &[String]) -> anyhow::Result
         forward_ports: vec![GUEST_AGENT_PORT],
         timeout: None,
         console_log: None,
+        console_prefix: String::new(),
     };
     exit_with(guest::run(&prepared, &job)?.status)
 }
@@ -114,6 +117,7 @@ pub fn demo(kernel: &str, datapath: dm_lab::Datapath) -> anyhow::Result<()> {
         forward_ports: Vec::new(),
         timeout: None,
         console_log: None,
+        console_prefix: String::new(),
     };
     exit_with(guest::run(&prepared, &job)?.status)
 }
@@ -158,11 +162,29 @@ pub struct KernelReport {
     pub status: i32,
 }
 
-/// Builds the end-to-end test binaries and runs them in a guest of each kernel, all kernels
+/// What a guest runs: the release agent and the end-to-end test executables, [`GUEST_SUITES`]
+/// order. Built before any guest boots, so that nothing rebuilds them while guests read them.
+pub struct GuestBinaries {
+    agent: PathBuf,
+    suites: Vec<PathBuf>,
+}
+
+impl GuestBinaries {
+    pub fn build(workspace: &Workspace) -> anyhow::Result<Self> {
+        // The release build, as users run it: under emulation the debug build takes 19 s to be
+        // ready (BTF parsing), the release build 3 s, and the tests start the agent 20 times.
+        let agent = build::build_agent(workspace, true)?;
+        Ok(Self { agent, suites: build_test_binaries(workspace)? })
+    }
+}
+
+/// Runs the end-to-end suites in a guest of each kernel, all guests at once (each is one
+/// single-threaded TCG process, so two guests use both cores of a 2-core host), all kernels
 /// even when one fails; prints the per-kernel summary; fails if any kernel failed.
 pub fn test_kernels(
     workspace: &Workspace,
     kernels: &[Kernel],
+    binaries: &GuestBinaries,
     lab: &Path,
     filter: &[String],
 ) -> anyhow::Result<Vec<KernelReport>> {
@@ -170,53 +192,37 @@ pub fn test_kernels(
     if !missing.is_empty() {
         bail!("missing for test VMs: {} (run `cargo xtask setup`)", missing.join(", "));
     }
-    // The release build, as users run it: under emulation the debug build takes 19 s to be
-    // ready (BTF parsing), the release build 3 s, and the tests start the agent 20 times.
-    let agent = build::build_agent(workspace, true)?;
-    let agent = agent.as_path();
-    let binaries = build_test_binaries(workspace)?;
     let logs = workspace.target_dir.join("vm-logs");
     fs::create_dir_all(&logs)?;
-    let mut reports = Vec::new();
-    for &kernel in kernels {
-        println!("==> end-to-end tests in a Linux {} guest", kernel.name());
-        let started = Instant::now();
-        let prepared = kernel::prepare(kernel)?;
-        let job = guest::Job {
-            script: test_script(&binaries, agent, lab, filter),
-            workdir: workspace.root.clone(),
-            forward_ports: Vec::new(),
-            timeout: Some(TEST_TIMEOUT),
-            console_log: Some(logs.join(format!("{}.log", kernel.name()))),
-        };
-        let mut outcome = guest::run(&prepared, &job);
-        if let Err(error) = &outcome
-            && error.downcast_ref::<guest::BootFailed>().is_some()
-        {
-            println!("==> the Linux {} guest failed to boot (no test ran): booting it once more", kernel.name());
-            outcome = guest::run(&prepared, &job);
-        }
-        let report = match outcome {
-            Ok(outcome) => KernelReport::read(kernel, &prepared.release, &outcome, started.elapsed()),
-            Err(error) => {
-                println!("error: Linux {} guest: {error:#}", kernel.name());
-                KernelReport {
-                    kernel,
-                    release: prepared.release.clone(),
-                    boot_seconds: None,
-                    elapsed: started.elapsed(),
-                    passed: 0,
-                    failed: 0,
-                    failures: vec![format!("guest: {error}")],
-                    probes: Vec::new(),
-                    suites: Vec::new(),
-                    tests: Vec::new(),
-                    status: -1,
-                }
-            }
-        };
-        reports.push(report);
-    }
+    // One at a time: a kernel not yet cached is fetched with apt.
+    let prepared = kernels.iter().map(|&kernel| kernel::prepare(kernel)).collect::<anyhow::Result<Vec<_>>>()?;
+    let started = Instant::now();
+    let script = test_script(&binaries.suites, &binaries.agent, lab, filter);
+    let reports: Vec<KernelReport> = thread::scope(|scope| {
+        let guests: Vec<_> = prepared
+            .iter()
+            .map(|prepared| {
+                let job = guest::Job {
+                    script: script.clone(),
+                    workdir: workspace.root.clone(),
+                    forward_ports: Vec::new(),
+                    timeout: Some(TEST_TIMEOUT),
+                    console_log: Some(logs.join(format!("{}.log", prepared.kernel.name()))),
+                    console_prefix: format!("[{}] ", prepared.kernel.name()),
+                };
+                scope.spawn(move || test_one_kernel(prepared, &job, started))
+            })
+            .collect();
+        guests
+            .into_iter()
+            .zip(&prepared)
+            .map(|(guest, prepared)| {
+                guest.join().unwrap_or_else(|_| {
+                    KernelReport::failed(prepared, started.elapsed(), "the thread running it panicked".to_owned())
+                })
+            })
+            .collect()
+    });
     println!("\n{}", summary(&reports));
     println!("console logs: {}", logs.display());
     let failed: Vec<&str> = reports.iter().filter(|report| report.status != 0).map(|r| r.kernel.name()).collect();
@@ -224,6 +230,26 @@ pub fn test_kernels(
         bail!("end-to-end tests failed in the Linux {} guest(s)", failed.join(", "));
     }
     Ok(reports)
+}
+
+/// One guest's boot and run, booted once more when it never reached its userland.
+fn test_one_kernel(prepared: &kernel::PreparedKernel, job: &guest::Job, started: Instant) -> KernelReport {
+    let kernel = prepared.kernel;
+    println!("==> end-to-end tests in a Linux {} guest", kernel.name());
+    let mut outcome = guest::run(prepared, job);
+    if let Err(error) = &outcome
+        && error.downcast_ref::<guest::BootFailed>().is_some()
+    {
+        println!("==> the Linux {} guest failed to boot (no test ran): booting it once more", kernel.name());
+        outcome = guest::run(prepared, job);
+    }
+    match outcome {
+        Ok(outcome) => KernelReport::read(kernel, &prepared.release, &outcome, started.elapsed()),
+        Err(error) => {
+            println!("error: Linux {} guest: {error:#}", kernel.name());
+            KernelReport::failed(prepared, started.elapsed(), format!("guest: {error}"))
+        }
+    }
 }
 
 /// `cargo test --no-run` for the guest suites; their executables in [`GUEST_SUITES`] order.
@@ -308,6 +334,22 @@ ip netns del dmvm-probe
 "#;
 
 impl KernelReport {
+    fn failed(prepared: &kernel::PreparedKernel, elapsed: Duration, why: String) -> Self {
+        Self {
+            kernel: prepared.kernel,
+            release: prepared.release.clone(),
+            boot_seconds: None,
+            elapsed,
+            passed: 0,
+            failed: 0,
+            failures: vec![why],
+            probes: Vec::new(),
+            suites: Vec::new(),
+            tests: Vec::new(),
+            status: -1,
+        }
+    }
+
     fn read(kernel: Kernel, release: &str, outcome: &guest::Outcome, elapsed: Duration) -> Self {
         let mut report = Self {
             kernel,
@@ -374,7 +416,7 @@ fn without_colors(line: &str) -> String {
 }
 
 /// `N` in `...; N passed; ...`.
-fn count_before(counts: &str, label: &str) -> u32 {
+pub(crate) fn count_before(counts: &str, label: &str) -> u32 {
     counts
         .split(';')
         .find_map(|part| {

@@ -10,6 +10,7 @@ use std::{
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
     thread,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -43,6 +44,9 @@ pub struct Job {
     pub timeout: Option<Duration>,
     /// A copy of the console goes here.
     pub console_log: Option<PathBuf>,
+    /// Printed before each console line echoed to stdout: tells one guest's lines from the
+    /// others' when several run at once (e.g. `[6.1] `).
+    pub console_prefix: String,
 }
 
 pub struct Outcome {
@@ -170,7 +174,7 @@ pub fn run(kernel: &PreparedKernel, job: &Job) -> anyhow::Result<Outcome> {
         if boot_seconds.is_none() && line.starts_with("dm-vm: Linux ") {
             boot_seconds = Some(at.duration_since(started).as_secs_f64());
         }
-        println!("{line}");
+        println!("{}{line}", job.console_prefix);
         if let Some(log) = log.as_mut() {
             writeln!(log, "{line}")?;
         }
@@ -360,7 +364,10 @@ struct Scratch {
 
 impl Scratch {
     fn new() -> anyhow::Result<Self> {
-        let path = std::env::temp_dir().join(format!("dm-vm-{}", std::process::id()));
+        // One per boot: the kernel matrix boots its guests at once from one process.
+        static BOOTS: AtomicU32 = AtomicU32::new(0);
+        let boot = BOOTS.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("dm-vm-{}-{boot}", std::process::id()));
         let _ = fs::remove_dir_all(&path);
         fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(Self { path })
