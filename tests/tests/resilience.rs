@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context as _, Result, ensure};
 use datapath_monitor_tests::{
     Agent, Netns, Pod, TempDir, UdpStream, addr, expected_tc_attach, require_root, scaled, send_udp, settle, sh,
-    unique_comm,
+    unique_comm, write_exit_at_once,
 };
 
 /// Capability bits (`linux/capability.h`).
@@ -732,11 +732,14 @@ fn process_reports_lost_to_a_full_ring_buffer_are_a_failure_repaired_by_a_proc_r
     let dir = TempDir::new("dmrb")?;
     let name = unique_comm("dm-sdn-");
     let (short, long) = (dir.join("short").join(&name), dir.join("long").join(&name));
-    for (path, from) in [(&short, "/bin/true"), (&long, "/bin/sleep")] {
+    for path in [&short, &long] {
         std::fs::create_dir_all(path.parent().context("dir")?)?;
-        std::fs::copy(from, path)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
     }
+    // 3000 runs: a static exit-at-once binary, not /bin/true (its loader made this test's
+    // runs ~90 s of an emulated guest's time).
+    write_exit_at_once(&short)?;
+    std::fs::copy("/bin/sleep", &long)?;
+    std::fs::set_permissions(&long, std::fs::Permissions::from_mode(0o755))?;
     let cache = TempDir::new("dmrbcache")?;
     let agent = Agent::start(&host, &["--cni-cache-dir", &cache.display(), "--sdn-process", &name])?;
     let source = [("source", "sdn_processes")];
