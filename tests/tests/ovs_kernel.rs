@@ -14,7 +14,9 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
-use datapath_monitor_tests::{Agent, Metrics, Netns, TempDir, kernel_version, mac_of, require_root, scaled, sh};
+use datapath_monitor_tests::{
+    Agent, Metrics, Netns, TempDir, kernel_version, mac_of, not_applicable, require_root, scaled, sh,
+};
 use dm_lab::{datapath, sys::OvsDirs};
 
 /// Whether openvswitch.ko is (or can be) loaded. In a test VM it must be.
@@ -273,8 +275,7 @@ fn port(host: &Netns, ovs: &Ovs, veth: &str, ip: &str) -> Result<Netns> {
 fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Result<()> {
     require_root();
     if !openvswitch_module()? {
-        println!("not applicable here: this kernel has no openvswitch.ko (the 6.1 and 6.12 test VMs run it)");
-        return Ok(());
+        return not_applicable("this kernel has no openvswitch.ko (the 6.1 and 6.12 test VMs run it)");
     }
     let host = Netns::new("dmto")?;
     let ovs = Ovs::start(&host)?;
@@ -385,8 +386,7 @@ fn failed_upcalls_are_counted_named_and_match_the_datapaths_lost_counter() -> Re
 fn upcalls_lost_on_a_full_queue_are_counted_from_the_datapaths_counter() -> Result<()> {
     require_root();
     if !openvswitch_module()? {
-        println!("not applicable here: this kernel has no openvswitch.ko (the 6.1 and 6.12 test VMs run it)");
-        return Ok(());
+        return not_applicable("this kernel has no openvswitch.ko (the 6.1 and 6.12 test VMs run it)");
     }
     let host = Netns::new("dmtq")?;
     let ovs = Ovs::start(&host)?;
@@ -448,8 +448,7 @@ fn upcalls_lost_on_a_full_queue_are_counted_from_the_datapaths_counter() -> Resu
 fn broadcasts_the_flows_drop_are_not_counted_as_unforwarded() -> Result<()> {
     require_root();
     if !openvswitch_module()? {
-        println!("not applicable here: this kernel has no openvswitch.ko (the 6.1 and 6.12 test VMs run it)");
-        return Ok(());
+        return not_applicable("this kernel has no openvswitch.ko (the 6.1 and 6.12 test VMs run it)");
     }
     let host = Netns::new("dmtg")?;
     let ovs = Ovs::start(&host)?;

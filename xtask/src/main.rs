@@ -5,6 +5,7 @@ mod bench;
 mod build;
 mod command;
 mod eval;
+mod exclusions;
 mod image;
 mod lab;
 mod run;

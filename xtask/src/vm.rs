@@ -10,17 +10,18 @@ use std::{
     fmt::Write as _,
     fs,
     path::{Path, PathBuf},
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 
 pub use self::kernel::Kernel;
 use crate::{
     build,
     command::{self, Workspace},
-    setup,
+    exclusions, setup,
 };
 
 /// Where the agent listens in a guest started by `vm` or `run --vm`; forwarded to the host.
@@ -157,25 +158,55 @@ pub struct KernelReport {
     pub probes: Vec<(String, String)>,
     /// (suite, passed, failed, seconds of its tests).
     pub suites: Vec<(String, u32, u32, f64)>,
+    /// (test, why): what the runner excluded on this kernel.
+    pub excluded: Vec<(String, String)>,
     /// (test, seconds), as the guest timed each test's process.
     pub tests: Vec<(String, f64)>,
     pub status: i32,
 }
 
 /// What a guest runs: the release agent and the end-to-end test executables, [`GUEST_SUITES`]
-/// order. Built before any guest boots, so that nothing rebuilds them while guests read them.
+/// order, each with the tests it lists here. Built before any guest boots, so that nothing
+/// rebuilds them while guests read them.
 pub struct GuestBinaries {
     agent: PathBuf,
-    suites: Vec<PathBuf>,
+    pub suites: Vec<GuestSuite>,
+}
+
+/// One end-to-end test executable.
+pub struct GuestSuite {
+    /// Its test target, e.g. `datapath`.
+    pub target: &'static str,
+    executable: PathBuf,
+    /// Its tests that the run's filter selects, as it lists them on the host.
+    tests: Vec<String>,
 }
 
 impl GuestBinaries {
-    pub fn build(workspace: &Workspace) -> anyhow::Result<Self> {
+    pub fn build(workspace: &Workspace, filter: &[String]) -> anyhow::Result<Self> {
         // The release build, as users run it: under emulation the debug build takes 19 s to be
         // ready (BTF parsing), the release build 3 s, and the tests start the agent 20 times.
         let agent = build::build_agent(workspace, true)?;
-        Ok(Self { agent, suites: build_test_binaries(workspace)? })
+        let mut suites = Vec::new();
+        for (executable, (_, target)) in build_test_binaries(workspace)?.into_iter().zip(GUEST_SUITES) {
+            let all = list_tests(&executable, &[])?;
+            ensure!(!all.is_empty(), "{target} ({}) lists no test", executable.display());
+            let stale = exclusions::unknown_names(target, &all);
+            ensure!(stale.is_empty(), "the exclusions name tests {target} does not have: {}", stale.join(", "));
+            let tests = if filter.is_empty() { all } else { list_tests(&executable, filter)? };
+            suites.push(GuestSuite { target, executable, tests });
+        }
+        Ok(Self { agent, suites })
     }
+}
+
+/// The ignored (privileged) tests `executable` lists, as `--ignored --list` names them.
+fn list_tests(executable: &Path, filter: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut list = Command::new(executable);
+    list.args(["--ignored", "--list", "--format=terse"]).args(filter);
+    let listing =
+        command::stdout(&mut list).with_context(|| format!("listing the tests of {}", executable.display()))?;
+    Ok(listing.lines().filter_map(|line| line.strip_suffix(": test")).map(str::to_owned).collect())
 }
 
 /// Runs the end-to-end suites in a guest of each kernel, all guests at once (each is one
@@ -186,7 +217,6 @@ pub fn test_kernels(
     kernels: &[Kernel],
     binaries: &GuestBinaries,
     lab: &Path,
-    filter: &[String],
 ) -> anyhow::Result<Vec<KernelReport>> {
     let missing = missing_tools();
     if !missing.is_empty() {
@@ -197,13 +227,13 @@ pub fn test_kernels(
     // One at a time: a kernel not yet cached is fetched with apt.
     let prepared = kernels.iter().map(|&kernel| kernel::prepare(kernel)).collect::<anyhow::Result<Vec<_>>>()?;
     let started = Instant::now();
-    let script = test_script(&binaries.suites, &binaries.agent, lab, filter);
     let reports: Vec<KernelReport> = thread::scope(|scope| {
         let guests: Vec<_> = prepared
             .iter()
             .map(|prepared| {
+                let features = exclusions::KernelFeatures::of_release(&prepared.release, has_openvswitch(prepared));
                 let job = guest::Job {
-                    script: script.clone(),
+                    script: test_script(binaries, features, lab),
                     workdir: workspace.root.clone(),
                     forward_ports: Vec::new(),
                     timeout: Some(TEST_TIMEOUT),
@@ -225,11 +255,16 @@ pub fn test_kernels(
     });
     println!("\n{}", summary(&reports));
     println!("console logs: {}", logs.display());
-    let failed: Vec<&str> = reports.iter().filter(|report| report.status != 0).map(|r| r.kernel.name()).collect();
+    let failed: Vec<&str> = reports.iter().filter(|report| !report.passed()).map(|r| r.kernel.name()).collect();
     if !failed.is_empty() {
         bail!("end-to-end tests failed in the Linux {} guest(s)", failed.join(", "));
     }
     Ok(reports)
+}
+
+/// Whether the kernel package ships openvswitch.ko (the guest's modprobe loads it from there).
+fn has_openvswitch(prepared: &kernel::PreparedKernel) -> bool {
+    fs::read_to_string(prepared.modules.join("modules.dep")).is_ok_and(|dep| dep.contains("/openvswitch.ko"))
 }
 
 /// One guest's boot and run, booted once more when it never reached its userland.
@@ -282,12 +317,14 @@ fn build_test_binaries(workspace: &Workspace) -> anyhow::Result<Vec<PathBuf>> {
     Ok(found)
 }
 
-/// The guest's job: a probe report from the agent, then each suite, one test at a time.
-fn test_script(binaries: &[PathBuf], agent: &Path, lab: &Path, filter: &[String]) -> String {
+/// The guest's job: a probe report from the agent, then each suite's tests as listed on the
+/// host, less those this kernel cannot run (said as `DM-VM-EXCLUDED:` lines), one at a time.
+/// Each suite's line carries how many tests it must run: the report checks that many ran.
+fn test_script(binaries: &GuestBinaries, features: exclusions::KernelFeatures, lab: &Path) -> String {
     let quote = |path: &Path| command::shell_quote(&path.to_string_lossy());
     let mut script = String::new();
     let ci = std::env::var("CI").unwrap_or_default();
-    let _ = writeln!(script, "export DATAPATH_MONITOR_BIN={} DM_LAB_BIN={}", quote(agent), quote(lab));
+    let _ = writeln!(script, "export DATAPATH_MONITOR_BIN={} DM_LAB_BIN={}", quote(&binaries.agent), quote(lab));
     let _ = writeln!(
         script,
         "export DM_TEST_TIME_SCALE={TIME_SCALE} DM_TEST_IN_GUEST=1 DM_LAB_DATAPATH=kernel CI={}",
@@ -296,19 +333,24 @@ fn test_script(binaries: &[PathBuf], agent: &Path, lab: &Path, filter: &[String]
     let _ = writeln!(script, "export RUST_BACKTRACE=1");
     script.push_str(PROBE_REPORT);
     script.push_str("failed=0\n");
-    let filter: String = filter.iter().map(|word| format!(" {}", command::shell_quote(word))).collect();
     // One test per process, timed: the summary shows where a slow guest spends its time.
     script.push_str("TIMEFORMAT='DM-VM-TIME: %R'\n");
-    for (binary, (_, suite)) in binaries.iter().zip(GUEST_SUITES) {
-        let binary = quote(binary);
-        let _ = writeln!(script, "echo 'DM-VM-SUITE: {suite}'");
-        let _ = writeln!(
-            script,
-            "for test in $({binary} --ignored --list --format=terse{filter} | sed -n 's/: test$//p'); do\n    \
-             echo \"DM-VM-TEST: $test\"\n    \
-             time {binary} --ignored --exact --color=never \"$test\" || failed=1\n\
-             done"
-        );
+    for suite in &binaries.suites {
+        let excluded = features.excluded(suite.target);
+        let tests: Vec<&String> =
+            suite.tests.iter().filter(|test| !excluded.iter().any(|(name, _)| *name == test.as_str())).collect();
+        let _ = writeln!(script, "echo 'DM-VM-SUITE: {} {}'", suite.target, tests.len());
+        for (name, why) in excluded.iter().filter(|(name, _)| suite.tests.iter().any(|test| test == name)) {
+            let _ = writeln!(script, "echo {}", command::shell_quote(&format!("DM-VM-EXCLUDED: {name}: {why}")));
+        }
+        let binary = quote(&suite.executable);
+        for test in tests {
+            let test = command::shell_quote(test);
+            let _ = writeln!(
+                script,
+                "echo DM-VM-TEST: {test}\ntime {binary} --ignored --exact --color=never {test} || failed=1"
+            );
+        }
     }
     script.push_str("exit $failed\n");
     script
@@ -345,9 +387,15 @@ impl KernelReport {
             failures: vec![why],
             probes: Vec::new(),
             suites: Vec::new(),
+            excluded: Vec::new(),
             tests: Vec::new(),
             status: -1,
         }
+    }
+
+    /// The guest's job passed, and every suite ran each test it had to.
+    fn passed(&self) -> bool {
+        self.status == 0 && self.failures.is_empty()
     }
 
     fn read(kernel: Kernel, release: &str, outcome: &guest::Outcome, elapsed: Duration) -> Self {
@@ -361,15 +409,22 @@ impl KernelReport {
             failures: Vec::new(),
             probes: Vec::new(),
             suites: Vec::new(),
+            excluded: Vec::new(),
             tests: Vec::new(),
             status: outcome.status,
         };
         let mut test = String::new();
+        let mut expected = Vec::new();
         for line in outcome.console.lines() {
             let line = without_colors(line);
             let line = line.as_str();
-            if let Some(name) = line.strip_prefix("DM-VM-SUITE: ") {
+            if let Some(suite) = line.strip_prefix("DM-VM-SUITE: ") {
+                let (name, count) = suite.rsplit_once(' ').unwrap_or((suite, ""));
+                expected.push(count.parse::<u32>().unwrap_or(u32::MAX));
                 report.suites.push((name.to_owned(), 0, 0, 0.0));
+            } else if let Some(excluded) = line.strip_prefix("DM-VM-EXCLUDED: ") {
+                let (name, why) = excluded.split_once(": ").unwrap_or((excluded, ""));
+                report.excluded.push((name.to_owned(), why.to_owned()));
             } else if let Some(name) = line.strip_prefix("DM-VM-TEST: ") {
                 test = name.to_owned();
             } else if let Some(seconds) = line.strip_prefix("DM-VM-TIME: ") {
@@ -391,6 +446,16 @@ impl KernelReport {
             } else if let Some(json) = line.strip_prefix("DM-VM-PROBES: ") {
                 report.probes = probe_variants(json);
             }
+        }
+        // A suite that ran fewer tests than it had (an executable that would not start, a
+        // guest that stopped) or none at all has not passed, whatever its exit status.
+        for ((suite, passed, failed, _), expected) in report.suites.iter().zip(&expected) {
+            if passed + failed != *expected {
+                report.failures.push(format!("{suite}: {} of {expected} tests ran", passed + failed));
+            }
+        }
+        if report.suites.len() != GUEST_SUITES.len() && report.status == 0 {
+            report.failures.push(format!("{} of {} suites ran", report.suites.len(), GUEST_SUITES.len()));
         }
         report
     }
@@ -477,6 +542,9 @@ pub fn summary(reports: &[KernelReport]) -> String {
         if !slowest.is_empty() {
             let _ = writeln!(text, "         slowest: {}", slowest.join(", "));
         }
+        for (test, why) in &report.excluded {
+            let _ = writeln!(text, "         excluded {test}: {why}");
+        }
         for failure in &report.failures {
             let _ = writeln!(text, "         FAILED {failure}");
         }
@@ -494,6 +562,52 @@ mod tests {
         assert_eq!(count_before(line, " passed"), 12);
         assert_eq!(count_before(line, " failed"), 1);
         assert_eq!(count_before("FAILED. 3 passed; 2 failed; 0 ignored", " passed"), 3);
+    }
+
+    fn report_of(console: &str) -> KernelReport {
+        let outcome = guest::Outcome { status: 0, boot_seconds: Some(3.0), console: console.to_owned() };
+        KernelReport::read(Kernel::V6_1, "6.1.0-57-cloud-amd64", &outcome, Duration::from_secs(60))
+    }
+
+    fn suite_console(suite: &str, expected: u32, passed: u32) -> String {
+        let mut console = format!("DM-VM-SUITE: {suite} {expected}\n");
+        for n in 0..passed {
+            console.push_str(&format!(
+                "DM-VM-TEST: t{n}\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 9 filtered out; \
+                 finished in 1.00s\nDM-VM-TIME: 1.1\n"
+            ));
+        }
+        console
+    }
+
+    #[test]
+    fn a_guest_passes_only_when_every_suite_ran_each_of_its_tests() {
+        let all: String = GUEST_SUITES.iter().map(|(_, suite)| suite_console(suite, 2, 2)).collect();
+        let report = report_of(&all);
+        assert!(report.passed(), "{:?}", report.failures);
+        assert_eq!(report.passed, 2 * GUEST_SUITES.len() as u32);
+
+        // One suite's executable ran one test of two (exit status 0 all the same).
+        let short: String = GUEST_SUITES
+            .iter()
+            .enumerate()
+            .map(|(index, (_, suite))| suite_console(suite, 2, if index == 1 { 1 } else { 2 }))
+            .collect();
+        let report = report_of(&short);
+        assert!(!report.passed());
+        assert_eq!(report.failures, [format!("{}: 1 of 2 tests ran", GUEST_SUITES[1].1)]);
+
+        // The guest stopped after its first suite.
+        let report = report_of(&suite_console("datapath_monitor", 2, 2));
+        assert_eq!(report.failures, [format!("1 of {} suites ran", GUEST_SUITES.len())]);
+    }
+
+    #[test]
+    fn the_exclusions_name_only_guest_suites() {
+        // The host's exclusions are found through the guest suites' listings.
+        for target in exclusions::targets() {
+            assert!(GUEST_SUITES.iter().any(|(_, suite)| *suite == target), "{target}");
+        }
     }
 
     #[test]
