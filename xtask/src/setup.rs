@@ -234,7 +234,7 @@ fn install_by_hand() -> String {
             APT_PACKAGES.join(" ")
         ),
         "  - rustup (https://rustup.rs), then: rustup toolchain install nightly --profile minimal \
-         && rustup component add rust-src clippy --toolchain nightly && rustup component add clippy"
+         && rustup component add rust-src clippy --toolchain nightly && rustup component add clippy rustfmt"
             .to_owned(),
         format!("  - bpf-linker: PATH=<LLVM 22 prefix>/bin:$PATH {}", command::display(&bpf_linker)),
         format!("  - kubectl, and {KUBERNETES_VALIDATE} in a virtualenv at {}", tools_venv().display()),
@@ -344,6 +344,7 @@ const RUST_COMPONENTS: &[RustComponent] = &[
     (Some("nightly"), "rust-src", "build-std=core for the bpf target"),
     (Some("nightly"), "clippy", "lints the eBPF crate"),
     (None, "clippy", "lints the workspace"),
+    (None, "rustfmt", "cargo xtask test checks the formatting"),
 ];
 
 struct RustToolchains;
@@ -428,7 +429,7 @@ impl Requirement for RustToolchains {
             _ => String::new(),
         };
         Ok(State::Present(format!(
-            "rust nightly {release} (LLVM {llvm}) with rust-src and clippy; clippy on the default toolchain{warning}"
+            "rust nightly {release} (LLVM {llvm}) with rust-src and clippy; clippy and rustfmt on the default toolchain{warning}"
         )))
     }
 
