@@ -304,12 +304,10 @@ mod tests {
     fn scenario_names_round_trip() {
         for scenario in Scenario::ALL {
             assert_eq!(Scenario::parse(scenario.name()), Some(scenario));
-            assert_eq!(scenario.to_string(), scenario.name());
         }
         assert_eq!(Scenario::parse("SDN_UPGRADE"), Some(Scenario::SdnUpgrade));
         assert_eq!(Scenario::parse(" silent-drop "), Some(Scenario::SilentDrop));
         assert_eq!(Scenario::parse("meteor-strike"), None);
-        assert_eq!(Scenario::ALL.len(), 6);
     }
 
     #[test]

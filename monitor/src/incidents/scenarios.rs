@@ -726,7 +726,6 @@ proptest! {
         prop_assert!(last_evidence > 96.0 || !sim.engine.active(), "{incidents:#?}");
         let mut spans: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
         for incident in &incidents {
-            prop_assert!(incident.duration_seconds >= 0.0);
             let start: jiff::Timestamp = incident.start.parse().unwrap();
             if let Some(end) = &incident.end {
                 let end: jiff::Timestamp = end.parse().unwrap();
@@ -741,8 +740,6 @@ proptest! {
             prop_assert_eq!(incident.totals.interfaces, incident.interfaces.len());
             for i in &incident.interfaces {
                 prop_assert_eq!(i.drops, i.drop_reasons.values().sum::<u64>());
-                let dropped = i.lost.dropped.values().sum::<u64>();
-                prop_assert_eq!(i.lost_packets, dropped.max(i.lost.retransmitted + i.lost.unanswered));
                 prop_assert!(i.lost_packets <= i.lost.evidence());
             }
             prop_assert!(incident.causes.windows(2).all(|w| w[0].confidence >= w[1].confidence));
