@@ -122,6 +122,54 @@ const LAYOUT: [(&str, &str, Traffic); 5] = [
     ("soak-web", "web", Some(("onoff,dns", "apiserver"))),
 ];
 
+/// One soak behaviour's results over a soak, as its daemon logged them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrafficTally {
+    /// The daemon's pid-file name, e.g. `soak-client`.
+    pub daemon: &'static str,
+    pub behaviour: &'static str,
+    /// Requests answered as they should be (for `rejects`: refused as expected).
+    pub ok: u64,
+    pub failed: u64,
+}
+
+/// Every soak behaviour's tally, read from the daemons' logs in `logs_dir`; a behaviour that
+/// logged nothing (its daemon died, or never started) is there with 0 and 0.
+pub fn traffic_tallies(logs_dir: &std::path::Path) -> Vec<TrafficTally> {
+    let mut tallies = Vec::new();
+    for (daemon, _, traffic) in LAYOUT {
+        let Some((behaviours, _)) = traffic else { continue };
+        let log = std::fs::read_to_string(logs_dir.join(format!("{daemon}.log"))).unwrap_or_default();
+        for behaviour in
+            Behaviour::ALL.iter().map(|b| b.name()).filter(|name| behaviours.split(',').any(|b| b == *name))
+        {
+            let (ok, failed) = tally_in_log(&log, behaviour);
+            tallies.push(TrafficTally { daemon, behaviour, ok, failed });
+        }
+    }
+    tallies
+}
+
+/// The sums of `behaviour`'s report lines (`<time> <name>: <ok> ok, <failed> failed since the
+/// last report`; the name may say more after the behaviour's, as `rejects (ok = …)` does).
+fn tally_in_log(log: &str, behaviour: &str) -> (u64, u64) {
+    let mut sums = (0, 0);
+    for line in log.lines() {
+        let Some((head, counts)) = line.split_once(": ") else { continue };
+        let name = head.split_once(' ').map_or("", |(_, name)| name);
+        if name.split_whitespace().next() != Some(behaviour) {
+            continue;
+        }
+        let Some(counts) = counts.strip_suffix(" failed since the last report") else { continue };
+        let Some((ok, failed)) = counts.split_once(" ok, ") else { continue };
+        if let (Ok(ok), Ok(failed)) = (ok.trim().parse::<u64>(), failed.trim().parse::<u64>()) {
+            sums.0 += ok;
+            sums.1 += failed;
+        }
+    }
+    sums
+}
+
 /// What the soak runs, one line per daemon (for reports).
 pub fn layout() -> Vec<String> {
     LAYOUT
@@ -359,7 +407,11 @@ impl Tally {
     }
 }
 
-/// Logs `tally` after the first result, then once a minute (to stdout, the daemon's log).
+/// How often a daemon logs its tallies: a soak's tallies miss at most its last this long.
+const REPORT_EVERY: Duration = Duration::from_secs(10);
+
+/// Logs `tally` after the first result, then every [`REPORT_EVERY`] (to stdout, the daemon's
+/// log; [`traffic_tallies`] reads it back).
 struct Reporter {
     name: &'static str,
     tally: Tally,
@@ -382,7 +434,7 @@ impl Reporter {
                 self.tally.failed
             );
             self.tally = Tally::default();
-            self.next = Instant::now() + Duration::from_secs(60);
+            self.next = Instant::now() + REPORT_EVERY;
         }
     }
 }
@@ -614,6 +666,27 @@ pub fn write_pid(pidfile: Option<&Path>) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tallies_sum_each_behaviours_report_lines() {
+        let log = "2026-12-07T06:50:00.000Z soak traffic to 10.0.0.2: onoff, rejects\n\
+                   2026-12-07T06:50:00.100Z onoff: 1 ok, 0 failed since the last report\n\
+                   2026-12-07T06:50:00.200Z rejects (ok = refused as expected): 1 ok, 0 failed since the last report\n\
+                   2026-12-07T06:50:10.100Z onoff: 49 ok, 2 failed since the last report\n\
+                   2026-12-07T06:50:10.300Z onoffish: 7 ok, 7 failed since the last report\n";
+        assert_eq!(tally_in_log(log, "onoff"), (50, 2));
+        assert_eq!(tally_in_log(log, "rejects"), (1, 0));
+        assert_eq!(tally_in_log(log, "dns"), (0, 0));
+    }
+
+    #[test]
+    fn a_daemon_without_a_log_has_every_behaviour_at_zero() {
+        let tallies = traffic_tallies(std::path::Path::new("/nonexistent"));
+        assert!(tallies.iter().all(|t| t.ok == 0 && t.failed == 0));
+        // One per (daemon, behaviour) of the layout: 5 + 2 + 2.
+        assert_eq!(tallies.len(), 9);
+        assert!(tallies.contains(&TrafficTally { daemon: "soak-client", behaviour: "bulk", ok: 0, failed: 0 }));
+    }
 
     #[test]
     fn behaviours_parse_and_the_layout_uses_them_all() {

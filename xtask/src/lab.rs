@@ -165,17 +165,39 @@ impl LabAgent {
         Self::start(binary, lab, log)
     }
 
-    /// Stops the agent (SIGTERM) and waits for it to exit.
-    pub(crate) fn stop(self) {
-        drop(self);
+    /// Stops the agent (SIGTERM) and waits for it to exit. Err when it had exited before (it
+    /// crashed, or someone killed it: what it reported since is no measurement), or when it
+    /// did not exit cleanly on SIGTERM.
+    pub(crate) fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("the agent exited during the run, {status}, before it was stopped");
+        }
+        let status = self.terminate()?;
+        ensure!(status.success(), "the agent exited with {status} when stopped with SIGTERM");
+        Ok(())
+    }
+
+    /// Whether the agent is still running (Err: it exited, with its status).
+    pub(crate) fn check_running(&mut self) -> anyhow::Result<()> {
+        match self.child.try_wait()? {
+            Some(status) => bail!("the agent exited during the run, {status}"),
+            None => Ok(()),
+        }
+    }
+
+    fn terminate(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        if let Some(status) = self.child.try_wait()? {
+            return Ok(status);
+        }
+        // SAFETY: kill on our own child's pid (`ip netns exec` execs the agent).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait()
     }
 }
 
 impl Drop for LabAgent {
     fn drop(&mut self) {
-        // SAFETY: kill on our own child's pid (`ip netns exec` execs the agent).
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
+        let _ = self.terminate();
     }
 }
 

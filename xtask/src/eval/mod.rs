@@ -26,6 +26,7 @@ use anyhow::{Context as _, bail, ensure};
 use dm_lab::{
     Lab, LabOptions, NODE_NETNS, Scenario, ScenarioReport,
     probe_log::{self, UdpSecond},
+    soak,
 };
 use jiff::Timestamp;
 use serde_json::{Value, json};
@@ -73,6 +74,30 @@ struct PollState {
     latest: Vec<Value>,
     polls: u64,
     errors: u64,
+    /// The first failed poll's error: a dead or hung agent scores nothing.
+    first_error: Option<String>,
+}
+
+/// How the polls of one run went.
+struct PollSummary {
+    polls: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl PollSummary {
+    /// Err when any poll failed: what the agent reported then is unknown, so the run measures
+    /// nothing.
+    fn check(&self, log: &Path) -> anyhow::Result<()> {
+        let Self { polls, errors, first_error } = self;
+        ensure!(
+            *errors == 0,
+            "{errors} of {polls} polls of the agent failed (first: {}); see {}",
+            first_error.as_deref().unwrap_or("?"),
+            log.display()
+        );
+        Ok(())
+    }
 }
 
 /// Polls `/api/v1/incidents` every 100 ms from a thread that entered the node netns.
@@ -116,7 +141,7 @@ impl Poller {
         (state.latest.len(), state.latest.iter().all(|incident| incident["active"] != true))
     }
 
-    fn finish(self) -> (Vec<SeenIncident>, u64, u64) {
+    fn finish(self) -> (Vec<SeenIncident>, PollSummary) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.handle.join();
         let state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -130,7 +155,8 @@ impl Poller {
             })
             .collect();
         seen.sort_by_key(|s| s.view.start);
-        (seen, state.polls, state.errors)
+        let summary = PollSummary { polls: state.polls, errors: state.errors, first_error: state.first_error.clone() };
+        (seen, summary)
     }
 }
 
@@ -148,7 +174,14 @@ fn poll_once(state: &Mutex<PollState>) {
             }
             state.latest = incidents;
         }
-        Ok(_) | Err(_) => state.errors += 1,
+        Ok(_) => {
+            state.errors += 1;
+            state.first_error.get_or_insert_with(|| "/api/v1/incidents is not an array".to_owned());
+        }
+        Err(error) => {
+            state.errors += 1;
+            state.first_error.get_or_insert_with(|| format!("{error:#}"));
+        }
     }
 }
 
@@ -320,7 +353,7 @@ fn run_once(lab: &Lab, agent_binary: &Path, scenario: Scenario, repeat: u32, log
         wait.as_secs()
     );
     let log = logs.join(format!("agent-{scenario}-{repeat}.log"));
-    let agent = LabAgent::start_fresh(agent_binary, lab, &log)?;
+    let mut agent = LabAgent::start_fresh(agent_binary, lab, &log)?;
     let agent_ready = Timestamp::now();
     let poller = Poller::start()?;
     thread::sleep(wait);
@@ -329,13 +362,14 @@ fn run_once(lab: &Lab, agent_binary: &Path, scenario: Scenario, repeat: u32, log
         Ok(report) => report,
         Err(error) => {
             poller.finish();
-            agent.stop();
+            let _ = agent.stop();
             return Err(error);
         }
     };
     let after = Instant::now();
     loop {
         thread::sleep(Duration::from_millis(200));
+        agent.check_running().with_context(|| format!("see {}", log.display()))?;
         let (count, all_closed) = poller.snapshot();
         if (count == 0 && after.elapsed() >= NO_INCIDENT_WAIT)
             || (count > 0 && all_closed)
@@ -344,11 +378,9 @@ fn run_once(lab: &Lab, agent_binary: &Path, scenario: Scenario, repeat: u32, log
             break;
         }
     }
-    let (incidents, polls, errors) = poller.finish();
-    agent.stop();
-    if errors > polls / 2 {
-        eprintln!("warning: {errors} of {polls} polls of the agent failed (see {})", log.display());
-    }
+    let (incidents, polls) = poller.finish();
+    agent.stop().with_context(|| format!("see {}", log.display()))?;
+    polls.check(&log)?;
     Ok(record(lab, scenario, repeat, cold, agent_ready, &report, incidents))
 }
 
@@ -384,28 +416,32 @@ fn record(
 fn run_soak(lab: &Lab, agent_binary: &Path, minutes: f64, logs: &Path) -> anyhow::Result<SoakRecord> {
     println!("==> soak: {minutes} min of natural traffic (no fault), fresh agent");
     let log = logs.join("agent-soak.log");
-    let agent = LabAgent::start_fresh(agent_binary, lab, &log)?;
+    let mut agent = LabAgent::start_fresh(agent_binary, lab, &log)?;
     let poller = Poller::start()?;
     thread::sleep(COLD_WAIT);
     let started = Timestamp::now();
     let soak = lab.start_soak();
-    let result = soak.map(|_| {
+    let result = soak.and_then(|_| {
         let until = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
         let mut reported = 0;
         while Instant::now() < until {
             thread::sleep(Duration::from_secs(1).min(until.saturating_duration_since(Instant::now())));
+            agent.check_running().with_context(|| format!("see {}", log.display()))?;
             let (count, _) = poller.snapshot();
             if count != reported {
                 println!("    {:.3}  the agent reports {count} incident(s)", Timestamp::now());
                 reported = count;
             }
         }
+        Ok(())
     });
     let finished = Timestamp::now();
-    let (incidents, _, _) = poller.finish();
-    agent.stop();
+    let (incidents, polls) = poller.finish();
+    let stopped = agent.stop().with_context(|| format!("see {}", log.display()));
     lab.stop_soak();
     result?;
+    stopped?;
+    polls.check(&log)?;
     let failed_probes: Vec<Timestamp> =
         lab.probes(Some(started))?.into_iter().filter(|p| !p.ok && p.at <= finished).map(|p| p.at).collect();
     let udp: Vec<UdpSecond> = probe_log::parse_udp(&fs::read_to_string(lab.udp_log()).unwrap_or_default())
@@ -417,7 +453,33 @@ fn run_soak(lab: &Lab, agent_binary: &Path, minutes: f64, logs: &Path) -> anyhow
     for name in ["soak-client", "soak-apiserver", "soak-web"] {
         let _ = fs::copy(lab.logs_dir().join(format!("{name}.log")), logs.join(format!("{name}.log")));
     }
+    check_soak_traffic(&soak::traffic_tallies(lab.logs_dir().as_path()))?;
     Ok(SoakRecord { minutes, started, finished, incidents, failed_probes, udp, udp_sent, udp_received })
+}
+
+/// Of each soak behaviour's requests, at least this share must have been answered as expected:
+/// a soak whose traffic did not flow proves nothing by its lack of incidents.
+const SOAK_ANSWERED_FLOOR: f64 = 0.95;
+
+/// Err when a soak behaviour logged no result, or fewer than [`SOAK_ANSWERED_FLOOR`] of its
+/// requests were answered.
+fn check_soak_traffic(tallies: &[soak::TrafficTally]) -> anyhow::Result<()> {
+    let mut short = Vec::new();
+    for soak::TrafficTally { daemon, behaviour, ok, failed } in tallies {
+        let total = ok + failed;
+        let share = if total == 0 { 0.0 } else { *ok as f64 / total as f64 };
+        println!("    soak traffic {daemon} {behaviour}: {ok} of {total} answered ({:.1} %)", share * 100.0);
+        if share < SOAK_ANSWERED_FLOOR {
+            short.push(format!("{daemon} {behaviour}: {ok} of {total}"));
+        }
+    }
+    ensure!(
+        short.is_empty(),
+        "soak traffic below the floor of {:.0} % answered: {}",
+        SOAK_ANSWERED_FLOOR * 100.0,
+        short.join("; ")
+    );
+    Ok(())
 }
 
 fn seen_json(seen: &SeenIncident) -> Value {
@@ -485,6 +547,23 @@ fn write_results(out_dir: &Path, runs: &[RunRecord], soak: Option<&SoakRecord>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn soak_traffic_below_the_floor_or_silent_fails_the_eval() {
+        let tally = |behaviour, ok, failed| soak::TrafficTally { daemon: "soak-client", behaviour, ok, failed };
+        assert!(check_soak_traffic(&[tally("onoff", 95, 5), tally("dns", 1000, 0)]).is_ok());
+        let error = check_soak_traffic(&[tally("onoff", 94, 6), tally("dns", 0, 0)]).unwrap_err().to_string();
+        assert!(error.contains("soak-client onoff: 94 of 100") && error.contains("dns: 0 of 0"), "{error}");
+    }
+
+    #[test]
+    fn any_failed_poll_fails_the_run() {
+        let log = Path::new("agent.log");
+        assert!(PollSummary { polls: 40, errors: 0, first_error: None }.check(log).is_ok());
+        let summary = PollSummary { polls: 40, errors: 1, first_error: Some("connection refused".to_owned()) };
+        let error = summary.check(log).unwrap_err().to_string();
+        assert!(error.contains("1 of 40 polls") && error.contains("connection refused"), "{error}");
+    }
 
     #[test]
     fn chunked_and_plain_responses_parse() {
