@@ -230,13 +230,56 @@ pub fn demo(options: DemoOptions) -> anyhow::Result<()> {
     if let Err(error) = Lab::down() {
         eprintln!("warning: lab down: {error:#}");
     }
-    let caught = result?;
+    let verdict = result?;
     println!("demo finished in {:.0} s", started.elapsed().as_secs_f64());
-    ensure!(caught, "the agent recorded no incident for the sdn-upgrade disruption");
-    Ok(())
+    verdict.check()
 }
 
-fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
+/// How far a caught incident's duration may be from the prober's outage.
+const DEMO_DURATION_TOLERANCE_SECONDS: f64 = 2.0;
+
+/// What the demo's agent recorded, against the prober's ground truth.
+#[derive(Debug, PartialEq)]
+struct DemoVerdict {
+    /// (duration, top cause (kind, subject)) of the first incident.
+    incident: Option<(f64, Option<(String, String)>)>,
+    outage_seconds: Option<f64>,
+}
+
+impl DemoVerdict {
+    fn read(incidents: &Value, outage_seconds: Option<f64>) -> Self {
+        let incident = incidents.as_array().and_then(|all| all.first()).map(|first| {
+            let cause = &first["causes"][0];
+            let top = cause["kind"].as_str().zip(cause["subject"].as_str()).map(|(k, s)| (k.to_owned(), s.to_owned()));
+            (first["duration_seconds"].as_f64().unwrap_or(f64::NAN), top)
+        });
+        Self { incident, outage_seconds }
+    }
+
+    /// Err unless the incident was caught, its top cause is the one the eval expects of the
+    /// seed scenario, and its duration is within 2 s of the prober's outage.
+    fn check(&self) -> anyhow::Result<()> {
+        let Some((duration, top)) = &self.incident else {
+            bail!("the agent recorded no incident for the sdn-upgrade disruption");
+        };
+        let crate::eval::Expected::Incident(Some((kind, subject))) = crate::eval::expected(Scenario::SdnUpgrade) else {
+            bail!("the eval expects no attributed incident of sdn-upgrade");
+        };
+        ensure!(
+            top.as_ref().is_some_and(|(k, s)| k == kind && s == subject),
+            "the incident's top cause is {top:?}, not {kind} {subject}"
+        );
+        let outage = self.outage_seconds.context("the prober saw no outage: nothing to compare the incident with")?;
+        ensure!(
+            (duration - outage).abs() <= DEMO_DURATION_TOLERANCE_SECONDS,
+            "the incident lasted {duration:.1} s, the prober's outage {outage:.1} s: more than \
+             {DEMO_DURATION_TOLERANCE_SECONDS} s apart"
+        );
+        Ok(())
+    }
+}
+
+fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<DemoVerdict> {
     let log = lab.root.join("agent.log");
     println!("==> agent: datapath-monitor run {} (log: {})", lab.agent_args().join(" "), log.display());
     let starting = Instant::now();
@@ -296,17 +339,10 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
 
     println!("\n=== What datapath-monitor recorded ===");
     print!("{}", agent.cli(&["incidents"])?);
-    if let Some(first) = incidents.as_array().and_then(|all| all.first())
-        && let Some(outage) = &report.outage
-    {
-        let duration = first["duration_seconds"].as_f64().unwrap_or_default();
-        println!(
-            "\nincident {:.1} s vs prober outage {:.1} s; top cause: {} {}",
-            duration,
-            outage.seconds,
-            first["causes"][0]["kind"].as_str().unwrap_or("unattributed"),
-            first["causes"][0]["subject"].as_str().unwrap_or("")
-        );
+    let verdict = DemoVerdict::read(&incidents, report.outage.as_ref().map(|outage| outage.seconds));
+    if let (Some((duration, top)), Some(outage)) = (&verdict.incident, verdict.outage_seconds) {
+        let (kind, subject) = top.clone().unwrap_or_else(|| ("unattributed".to_owned(), String::new()));
+        println!("\nincident {duration:.1} s vs prober outage {outage:.1} s; top cause: {kind} {subject}");
     }
 
     println!("\n=== Key metrics ===");
@@ -352,7 +388,7 @@ fn demo_in(lab: &Lab, agent_binary: &Path) -> anyhow::Result<bool> {
             after.lost.saturating_sub(before.lost)
         );
     }
-    Ok(incidents.as_array().is_some_and(|all| !all.is_empty()))
+    Ok(verdict)
 }
 
 /// The drop reason the agent gives a packet whose upcall to ovs-vswitchd failed: the
@@ -452,6 +488,22 @@ fn print_readiness(probes: &[Probe]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_demo_passes_only_on_the_restart_and_a_duration_near_the_outage() {
+        let incident = |duration: f64, kind: &str, subject: &str| serde_json::json!([{ "duration_seconds": duration, "causes": [{ "kind": kind, "subject": subject }] }]);
+        let caught = DemoVerdict::read(&incident(10.3, "process_restart", "ovs-vswitchd"), Some(10.0));
+        assert!(caught.check().is_ok());
+        let far = DemoVerdict::read(&incident(12.5, "process_restart", "ovs-vswitchd"), Some(10.0));
+        assert!(far.check().unwrap_err().to_string().contains("more than 2 s apart"));
+        let wrong = DemoVerdict::read(&incident(10.0, "cni_default_network_missing", "x"), Some(10.0));
+        assert!(wrong.check().unwrap_err().to_string().contains("top cause"));
+        let unattributed =
+            DemoVerdict::read(&serde_json::json!([{ "duration_seconds": 10.0, "causes": [] }]), Some(10.0));
+        assert!(unattributed.check().is_err());
+        assert!(DemoVerdict::read(&serde_json::json!([]), Some(10.0)).check().is_err());
+        assert!(DemoVerdict::read(&incident(10.0, "process_restart", "ovs-vswitchd"), None).check().is_err());
+    }
 
     #[test]
     fn ovs_counts_sum_ovs_reasons_over_interfaces_and_subtract() {

@@ -6,6 +6,8 @@
 mod assess;
 mod report;
 
+pub use self::assess::{Expected, expected};
+
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
