@@ -193,6 +193,7 @@ fn spawn_sampling(
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ovs = OvsDatapaths::default();
         let mut last_checkpoint: Option<Instant> = None;
+        let mut judged = 0u64;
         loop {
             ticker.tick().await;
             // Netlink I/O: on a blocking thread, and not under the sampler's lock.
@@ -208,7 +209,7 @@ fn spawn_sampling(
                     OvsDatapaths::default()
                 }
             };
-            let sample = {
+            let mut sample = {
                 let mut sampler = lock(&sampler);
                 sampler.set_ovs_datapaths(&ovs);
                 sampler.sample()
@@ -233,6 +234,8 @@ fn spawn_sampling(
                 let due = last_checkpoint.is_none_or(|at: Instant| at.elapsed() >= CHECKPOINT_EVERY);
                 (updates, if due { engine.open_incident() } else { None })
             };
+            judged += 1;
+            sample.judged = judged;
             latest.publish(sample);
             let mut closed = Vec::new();
             for update in updates {

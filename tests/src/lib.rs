@@ -343,6 +343,24 @@ impl<'a> Agent<'a> {
         self.wait_metrics_within(what, Duration::from_secs(10), done)
     }
 
+    /// Samples the agent's incident engine has judged since it started
+    /// (`datapath_monitor_samples_judged_total`).
+    pub fn samples_judged(&self) -> Result<u64> {
+        Ok(self.metrics()?.value("datapath_monitor_samples_judged_total", &[]) as u64)
+    }
+
+    /// Waits until the agent has judged `count` more samples than now: the positive signal that
+    /// it has looked at what happened meanwhile, where a fixed sleep only says time passed
+    /// (on a loaded machine the agent may have sampled less, or late). Returns the scrape.
+    pub fn wait_samples(&self, count: u64) -> Result<Metrics> {
+        let from = self.samples_judged()?;
+        // 250 ms samples: `count` of them take count / 4 s; allow four times that, and 10 s.
+        let timeout = Duration::from_millis(count * 1000).max(Duration::from_secs(10));
+        self.wait_metrics_within(&format!("{count} more judged samples (from {from})"), timeout, |m| {
+            m.value("datapath_monitor_samples_judged_total", &[]) as u64 >= from + count
+        })
+    }
+
     /// As [`Agent::wait_metrics`], for what takes longer than its 10 s (`timeout`, scaled).
     pub fn wait_metrics_within(
         &self,

@@ -68,7 +68,7 @@ fn a_drop_rule_after_a_restart_is_one_incident_attributed_to_the_restart() -> Re
 
     // Baseline warm-up (5 calm seconds), with the watched process running.
     let mut process = Command::new(&binary).arg("600").stdin(Stdio::null()).spawn()?;
-    thread::sleep(Duration::from_secs(7));
+    agent.wait_samples(28)?;
     ensure!(incidents(&agent)?.is_empty(), "an incident without any disruption: {:#?}", incidents(&agent)?);
 
     process = restart(&binary, &mut process)?;
@@ -120,7 +120,8 @@ fn a_drop_rule_after_a_restart_is_one_incident_attributed_to_the_restart() -> Re
         |s| s == name,
         |e| e.iter().filter(|e| e.kind == "process_restart").count() == 2,
     )?;
-    thread::sleep(Duration::from_secs(5));
+    // The restart seen, then 5 s of samples judged: long enough for any incident it caused.
+    agent.wait_samples(20)?;
     ensure!(incidents(&agent)?.len() == 1, "a restart without impact made an incident: {:#?}", incidents(&agent)?);
 
     let table = host.exec(&[agent_binary()?.to_str().context("path")?, "incidents"])?;
@@ -212,7 +213,8 @@ fn steady_traffic_that_stops_is_idle_not_an_incident() -> Result<()> {
     let (sent, echoed) = echo.counts();
     echo.stop()?;
     one_way.stop()?;
-    thread::sleep(Duration::from_secs(8));
+    // 8 s of samples judged after the pod fell silent (twice the quiet time an incident needs).
+    agent.wait_samples(32)?;
 
     let all = incidents(&agent)?;
     ensure!(all.is_empty(), "idle traffic made an incident: {all:#?}");
@@ -397,7 +399,7 @@ fn packets_a_bridge_forwards_to_no_port_are_lost_on_the_switch() -> Result<()> {
         })?
     };
     // The switch's baseline needs calm seconds: its count is noisy by nature.
-    thread::sleep(Duration::from_secs(8));
+    agent.wait_samples(32)?;
     ensure!(incidents(&agent)?.is_empty(), "an incident before the fault: {:#?}", incidents(&agent)?);
 
     // B's port stops taking flooded frames for 3 s: the bridge forwards them to no port.

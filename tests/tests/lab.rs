@@ -47,8 +47,9 @@ struct Run {
     events: Vec<LifecycleEvent>,
 }
 
-/// Lab up, agent up, 14 s of steady traffic, the scenario, then the agent's verdict once
-/// every incident has closed (or 8 s of calm after the scenario when there is none).
+/// Lab up, agent up, 56 samples (14 s) of steady traffic judged, the scenario, then the
+/// agent's verdict once every incident has closed, or, with none, once the agent shows the
+/// scenario's lifecycle event and has judged 32 samples (8 s) after it.
 fn replay(scenario: Scenario) -> Result<Run> {
     require_root();
     let lab = LabGuard(Lab::up_on(&lab_binary()?, datapath()?)?);
@@ -56,14 +57,22 @@ fn replay(scenario: Scenario) -> Result<Run> {
     let args = lab.0.agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let agent = Agent::start(&node, &args)?;
-    thread::sleep(Duration::from_secs(14));
+    agent.wait_samples(56)?;
     let report = lab.0.disrupt(scenario)?;
+    if scenario != Scenario::SilentDrop {
+        let started = report.started;
+        agent.wait_events(
+            "the scenario's lifecycle events",
+            |_| true,
+            |events| events.iter().any(|e| e.at.parse::<jiff::Timestamp>().is_ok_and(|at| at >= started)),
+        )?;
+    }
+    let calm_from = agent.samples_judged()?;
     let deadline = Instant::now() + scaled(Duration::from_secs(30));
-    let calm_from = Instant::now();
     let incidents = loop {
         let all: Vec<Value> = agent.get_json("/api/v1/incidents")?.as_array().cloned().unwrap_or_default();
         let settled = if all.is_empty() {
-            calm_from.elapsed() > Duration::from_secs(8)
+            agent.samples_judged()? >= calm_from + 32
         } else {
             all.iter().all(|i| i["active"] == false)
         };

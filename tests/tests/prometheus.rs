@@ -321,8 +321,8 @@ fn a_real_prometheus_fires_disruption_in_progress_during_a_drop_and_resolves_it_
     // A healthy steady stream: a listener on the host, RATE datagrams a second from the pod.
     let stream = UdpStream::start(&host, &pod, UDP_PORT, RATE)?;
 
-    // Baseline warm-up; Prometheus scrapes the agent meanwhile.
-    thread::sleep(Duration::from_secs(8));
+    // Baseline warm-up (32 samples judged); Prometheus scrapes the agent meanwhile.
+    agent.wait_samples(32)?;
     ensure!(prometheus.scalar("up{job=\"datapath-monitor\"}")? == 1.0, "target not up:\n{}", prometheus.log());
     ensure!(prometheus.firing("DatapathDisruptionInProgress")?.is_none(), "fired before any disruption");
     ensure!(agent.metrics()?.value("datapath_incident_active", &[]) == 0.0, "an incident before the DROP");

@@ -284,6 +284,12 @@ impl Collector for SampleCollector {
         )?;
         counter(
             &mut encoder,
+            "datapath_monitor_samples_judged",
+            "Samples of the kernel's counters the incident engine has judged since the agent started (one per sample interval).",
+            std::iter::once((Labels::new(), sample.judged)),
+        )?;
+        counter(
+            &mut encoder,
             "datapath_flow_table_evictions",
             "Handshakes the full LRU flow table evicted to make room: their SYN retransmits and answers go uncounted.",
             std::iter::once((Labels::new(), sample.flow_table_evictions)),

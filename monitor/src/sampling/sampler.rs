@@ -54,6 +54,10 @@ pub struct InterfaceSeries {
 #[derive(Clone, Debug, Default)]
 pub struct Sample {
     pub at: Option<SystemTime>,
+    /// Samples the incident engine has judged since start, this one included (set by the
+    /// sampling loop): what a test waits on to know the agent has looked, not just that time
+    /// passed.
+    pub judged: u64,
     pub interfaces: Vec<InterfaceSeries>,
     /// Drops on devices that are not watched, by reason.
     pub other_drops: BTreeMap<String, u64>,
@@ -575,6 +579,7 @@ impl Sampler {
         ];
         Sample {
             at: Some(SystemTime::now()),
+            judged: 0,
             interfaces,
             other_drops,
             switches,
