@@ -16,6 +16,8 @@ pub mod cni;
 pub mod daemons;
 pub mod datapath;
 mod node;
+pub mod noise;
+pub mod plan;
 pub mod probe_log;
 mod scenarios;
 pub mod sdn;
@@ -27,6 +29,7 @@ use std::{fmt, path::PathBuf, time::Duration};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+pub use plan::{FaultPlan, StopSignal};
 pub use probe_log::{LossWindow, Outage, Probe};
 
 /// The lab root: CNI dirs, OVS dirs, pid files, logs, state file.
@@ -68,17 +71,25 @@ pub enum Scenario {
     BenignRestart,
     /// Decoy: the web pod drops all input for 5 s; drops with no lifecycle event.
     SilentDrop,
+    /// Decoy: the sdn restarts keeping its flows while the client pod sends to closed ports of
+    /// the web pod at a steady rate (resets and port unreachables: benign drops all along).
+    RejectsRestart,
+    /// Decoy: the CNI config flaps while the client pod scans filtered ports of the web pod at
+    /// a steady rate (SYNs nobody answers, dropped by the pod's firewall all along).
+    ScanFlap,
 }
 
 impl Scenario {
     /// Every scenario, seed first.
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::SdnUpgrade,
         Scenario::OvsRestart,
         Scenario::FlowFlush,
         Scenario::CniFlap,
         Scenario::BenignRestart,
         Scenario::SilentDrop,
+        Scenario::RejectsRestart,
+        Scenario::ScanFlap,
     ];
 
     /// The scenario's CLI name (`sdn-upgrade`, ...).
@@ -90,6 +101,8 @@ impl Scenario {
             Scenario::CniFlap => "cni-flap",
             Scenario::BenignRestart => "benign-restart",
             Scenario::SilentDrop => "silent-drop",
+            Scenario::RejectsRestart => "rejects-restart",
+            Scenario::ScanFlap => "scan-flap",
         }
     }
 
@@ -110,6 +123,12 @@ impl Scenario {
             Scenario::CniFlap => "CNI config deleted, restored 2 s later (no datapath impact)",
             Scenario::BenignRestart => "decoy: sdn SIGKILL, new sdn with --keep-flows (traffic untouched)",
             Scenario::SilentDrop => "decoy: the web pod drops all input for 5 s (no lifecycle event)",
+            Scenario::RejectsRestart => {
+                "decoy: sdn SIGKILL, new sdn with --keep-flows, while a pod sends to closed ports at 10/s"
+            }
+            Scenario::ScanFlap => {
+                "decoy: CNI config deleted, restored 2 s later, while a pod scans filtered ports at 10/s"
+            }
         }
     }
 }
@@ -228,6 +247,9 @@ impl Default for LabOptions {
 pub struct ScenarioReport {
     /// The scenario.
     pub scenario: Scenario,
+    /// How it was replayed (reports from before plans: the scenario's defaults).
+    #[serde(default)]
+    pub plan: Option<FaultPlan>,
     /// When it started.
     pub started: Timestamp,
     /// When it was over and the prober ready again (or the wait timed out).
@@ -266,6 +288,9 @@ impl fmt::Display for ScenarioReport {
             self.finished,
             self.duration_seconds()
         )?;
+        if let Some(plan) = &self.plan {
+            writeln!(f, "plan: {}", plan.describe(self.scenario))?;
+        }
         for (at, step) in &self.steps {
             writeln!(f, "  {:>+7.3} s  {:.3}  {step}", probe_log::seconds_between(self.started, *at), at)?;
         }
@@ -315,6 +340,7 @@ mod tests {
         let started: Timestamp = "2026-01-12T20:58:40Z".parse().unwrap();
         let report = ScenarioReport {
             scenario: Scenario::SdnUpgrade,
+            plan: Some(FaultPlan::default_for(Scenario::SdnUpgrade)),
             started,
             finished: "2026-01-12T20:58:55Z".parse().unwrap(),
             steps: vec![("2026-01-12T20:58:41Z".parse().unwrap(), "SIGTERM sdn".into())],
@@ -331,6 +357,7 @@ mod tests {
         };
         let text = report.to_string();
         assert!(text.contains("scenario sdn-upgrade"), "{text}");
+        assert!(text.contains("plan: hold 9.0 s, SIGTERM, CNI config removed, then OVS restarted"), "{text}");
         assert!(text.contains("+1.000 s"), "{text}");
         assert!(text.contains("prober outage: 9.4 s (9 failed probes"), "{text}");
         assert!(text.contains("150 lost"), "{text}");

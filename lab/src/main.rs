@@ -100,6 +100,16 @@ enum Cmd {
         #[arg(long, default_value_t = 5.0)]
         minutes: f64,
     },
+    /// (internal) Steady background traffic that loses packets by design (a decoy's).
+    Noise {
+        /// rejects (closed ports) or scan (filtered ports)
+        #[arg(long, value_parser = dm_lab::noise::NoiseKind::parse)]
+        kind: dm_lab::noise::NoiseKind,
+        #[arg(long)]
+        target: std::net::IpAddr,
+        #[arg(long)]
+        pidfile: Option<PathBuf>,
+    },
     /// (internal) The stand-in openshift-sdn node process.
     Sdn {
         #[arg(long, default_value = dm_lab::ROOT)]
@@ -176,6 +186,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::ServeHealthz { port, pidfile } => {
             write_pid(&pidfile)?;
             daemons::serve_healthz(port)?;
+        }
+        Cmd::Noise { kind, target, pidfile } => {
+            write_pid(&pidfile)?;
+            dm_lab::noise::run(kind, target)?;
         }
         Cmd::UdpEcho { port, pidfile } => {
             write_pid(&pidfile)?;

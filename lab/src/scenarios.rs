@@ -8,16 +8,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Context;
-use jiff::Timestamp;
-use nix::sys::signal::Signal;
-
 use crate::{
-    Lab, Scenario, ScenarioReport, cni,
+    FaultPlan, Lab, Scenario, ScenarioReport, StopSignal, cni,
+    noise::NOISE_LEAD,
     probe_log::{self, compute_outage, ready_since},
     sdn::{self, SdnEvent},
     sys,
 };
+use anyhow::Context;
+use jiff::Timestamp;
 
 /// How long a scenario waits for the prober to be ready again.
 const READY_TIMEOUT: Duration = Duration::from_secs(40);
@@ -47,8 +46,8 @@ fn sleep_until(deadline: Instant) {
 }
 
 impl Lab {
-    /// Replays `scenario`, blocking until it is over and the prober is ready again (or a
-    /// timeout), and reports what was done when and the outage it caused.
+    /// Replays `scenario` with its default plan, blocking until it is over and the prober is
+    /// ready again (or a timeout), and reports what was done when and the outage it caused.
     pub fn disrupt(&self, scenario: Scenario) -> anyhow::Result<ScenarioReport> {
         self.disrupt_with(scenario, &mut |_, _| {})
     }
@@ -59,19 +58,37 @@ impl Lab {
         scenario: Scenario,
         watch: &mut dyn FnMut(Timestamp, &str),
     ) -> anyhow::Result<ScenarioReport> {
+        self.disrupt_planned(scenario, &FaultPlan::default_for(scenario), watch)
+    }
+
+    /// Replays `scenario` as `plan` says ([`FaultPlan::delay_seconds`] is the caller's to wait).
+    /// A decoy's noise ([`Lab::start_noise`]) is started first unless it runs already, and then
+    /// runs [`NOISE_LEAD`] before the lifecycle event; noise started here is stopped at the end.
+    pub fn disrupt_planned(
+        &self,
+        scenario: Scenario,
+        plan: &FaultPlan,
+        watch: &mut dyn FnMut(Timestamp, &str),
+    ) -> anyhow::Result<ScenarioReport> {
         self.ovs_pid("ovs-vswitchd").context("the lab's ovs-vswitchd is not running: run `dm-lab up` again")?;
         self.daemon_pid("prober").context("the lab's prober is not running: run `dm-lab up` again")?;
         self.check_datapath()?;
-        let started = Timestamp::now();
         let mut steps = Steps { steps: Vec::new(), watch };
-        let settled = match scenario {
-            Scenario::SdnUpgrade => self.sdn_upgrade(&mut steps)?,
-            Scenario::OvsRestart => self.ovs_restart(&mut steps)?,
-            Scenario::FlowFlush => self.flow_flush(&mut steps)?,
-            Scenario::CniFlap => self.cni_flap(&mut steps)?,
-            Scenario::BenignRestart => self.benign_restart(&mut steps)?,
-            Scenario::SilentDrop => self.silent_drop(&mut steps)?,
-        };
+        let own_noise = self.start_noise(scenario)?;
+        if own_noise {
+            steps.now(format!(
+                "noise started ({}); the lifecycle event comes {} s later",
+                scenario.description(),
+                NOISE_LEAD.as_secs()
+            ));
+            std::thread::sleep(NOISE_LEAD);
+        }
+        let started = Timestamp::now();
+        let settled = self.replay(scenario, plan, &mut steps);
+        if own_noise {
+            self.stop_noise();
+        }
+        let settled = settled?;
         // Ready: the probes of 2 s (at least 2) in a row passed, like kubelet's 2 at its 1 s period.
         let needed = (2000 / self.probe_period_ms.max(1)).max(2) as usize;
         let ready = sys::wait_for(READY_TIMEOUT, || {
@@ -91,7 +108,28 @@ impl Lab {
         let udp = probe_log::parse_udp(&fs::read_to_string(self.udp_log()).unwrap_or_default());
         let (udp_sent, udp_received) = probe_log::udp_totals(&udp, started, finished);
         let udp_loss = probe_log::udp_loss_window(&udp, started, finished);
-        Ok(ScenarioReport { scenario, started, finished, steps: steps.steps, outage, udp_sent, udp_received, udp_loss })
+        Ok(ScenarioReport {
+            scenario,
+            plan: Some(*plan),
+            started,
+            finished,
+            steps: steps.steps,
+            outage,
+            udp_sent,
+            udp_received,
+            udp_loss,
+        })
+    }
+
+    fn replay(&self, scenario: Scenario, plan: &FaultPlan, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
+        match scenario {
+            Scenario::SdnUpgrade => self.sdn_upgrade(plan, steps),
+            Scenario::OvsRestart => self.ovs_restart(plan, steps),
+            Scenario::FlowFlush => self.flow_flush(plan, steps),
+            Scenario::CniFlap | Scenario::ScanFlap => self.cni_flap(plan, steps),
+            Scenario::BenignRestart | Scenario::RejectsRestart => self.benign_restart(plan, steps),
+            Scenario::SilentDrop => self.silent_drop(plan, steps),
+        }
     }
 
     fn running_sdn(&self) -> anyhow::Result<i32> {
@@ -139,63 +177,95 @@ impl Lab {
         Ok(())
     }
 
-    fn sdn_upgrade(&self, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
+    /// Stops sdn `pid` with the plan's signal; returns when it was signalled. SIGTERM runs its
+    /// trap, which deletes the CNI config; after SIGKILL, with `remove_config`, the lab deletes
+    /// the config itself at once, so that every plan of the seed loses it.
+    fn stop_sdn(&self, steps: &mut Steps<'_>, pid: i32, plan: &FaultPlan, remove_config: bool) -> Timestamp {
+        sys::signal(pid, plan.signal.signal());
+        let at = match plan.signal {
+            StopSignal::Term => {
+                steps.now(format!("SIGTERM openshift-sdn-node pid {pid} (its trap deletes {})", cni::CONFIG_FILE))
+            }
+            StopSignal::Kill => steps.now(format!("SIGKILL openshift-sdn-node pid {pid}")),
+        };
+        if sys::wait_exit(pid, Duration::from_secs(3)) {
+            steps.now(format!("sdn pid {pid} exited; CNI config {}", self.config_state()));
+        } else {
+            steps.now(format!("sdn pid {pid} still running 3 s after {}", plan.signal.name()));
+        }
+        if remove_config && plan.signal == StopSignal::Kill {
+            let config = self.cni_config_path();
+            match fs::remove_file(&config) {
+                Ok(()) => steps.now(format!("deleted {} (the killed sdn's trap could not)", config.display())),
+                Err(error) => steps.now(format!("cannot delete {}: {error}", config.display())),
+            };
+        }
+        at
+    }
+
+    fn sdn_upgrade(&self, plan: &FaultPlan, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
         let old = self.running_sdn()?;
         let t0 = Instant::now();
-        sys::signal(old, Signal::SIGTERM);
-        let term = steps.now(format!("SIGTERM openshift-sdn-node pid {old} (its trap deletes {})", cni::CONFIG_FILE));
-        if sys::wait_exit(old, Duration::from_secs(3)) {
-            steps.now(format!("sdn pid {old} exited; CNI config {}", self.config_state()));
+        let stopped = if plan.cni_first {
+            let stopped = self.stop_sdn(steps, old, plan, true);
+            sleep_until(t0 + Duration::from_secs(1));
+            self.restart_vswitchd(steps)?;
+            stopped
         } else {
-            steps.now(format!("sdn pid {old} still running 3 s after SIGTERM"));
-        }
-        sleep_until(t0 + Duration::from_secs(1));
-        self.restart_vswitchd(steps)?;
-        // 9 s, not 8: the datapath gap (vswitchd restart at +1 s to flows at +9.5 s) then exceeds
-        // 8 s whatever the prober's phase, so the outage always lands in the seed's 8–12 s.
-        sleep_until(t0 + Duration::from_secs(9));
+            self.restart_vswitchd(steps)?;
+            sleep_until(t0 + Duration::from_secs(1));
+            self.stop_sdn(steps, old, plan, true)
+        };
+        // The new sdn comes `hold` after the first step, and never before both are done.
+        sleep_until(t0 + plan.hold().max(Duration::from_millis(1500)));
         let new = self.start_sdn(&[])?;
         steps.now(format!("new openshift-sdn-node started, pid {new} (comm {})", sys::comm(new).unwrap_or_default()));
-        self.await_sdn_event(steps, new, "programmed", term, Duration::from_secs(15), "programmed the pod flows")?;
-        self.await_sdn_event(steps, new, "ready", term, Duration::from_secs(15), "wrote the CNI config (ready)")
+        let after = stopped.min(Timestamp::now());
+        self.await_sdn_event(steps, new, "programmed", after, Duration::from_secs(15), "programmed the pod flows")?;
+        self.await_sdn_event(steps, new, "ready", after, Duration::from_secs(15), "wrote the CNI config (ready)")
     }
 
-    fn ovs_restart(&self, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
+    fn ovs_restart(&self, plan: &FaultPlan, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
         let sdn = self.running_sdn()?;
         let before = Timestamp::now();
-        self.restart_vswitchd(steps)?;
-        self.await_sdn_event(steps, sdn, "flows-missing", before, Duration::from_secs(10), "found the flows gone")?;
-        self.await_sdn_event(steps, sdn, "programmed", before, Duration::from_secs(20), "re-programmed the pod flows")
+        // The running sdn reads its resync delay from here when it finds the flows gone.
+        let knob = sdn::resync_delay_path(&self.root);
+        sys::write_atomic(&knob, &self.root, &format!("{:.3}s\n", plan.hold_seconds))?;
+        let result = self.restart_vswitchd(steps).and_then(|()| {
+            self.await_sdn_event(steps, sdn, "flows-missing", before, Duration::from_secs(10), "found the flows gone")?;
+            let timeout = plan.hold() + Duration::from_secs(20);
+            self.await_sdn_event(steps, sdn, "programmed", before, timeout, "re-programmed the pod flows")
+        });
+        let _ = fs::remove_file(&knob);
+        result
     }
 
-    fn flow_flush(&self, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
+    fn flow_flush(&self, plan: &FaultPlan, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
         let old = self.running_sdn()?;
-        sys::signal(old, Signal::SIGKILL);
-        sys::wait_exit(old, Duration::from_secs(3));
-        let killed = steps.now(format!("SIGKILL openshift-sdn-node pid {old}; CNI config {}", self.config_state()));
-        let new = self.start_sdn(&["--program-delay", "4s"])?;
-        steps.now(format!("new openshift-sdn-node started, pid {new}, --program-delay 4s"));
+        let killed = self.stop_sdn(steps, old, plan, false);
+        let delay = format!("{:.3}s", plan.hold_seconds);
+        let new = self.start_sdn(&["--program-delay", &delay])?;
+        steps.now(format!("new openshift-sdn-node started, pid {new}, --program-delay {delay}"));
+        let timeout = plan.hold() + Duration::from_secs(20);
         self.await_sdn_event(steps, new, "flushed", killed, Duration::from_secs(10), "flushed every flow on br0")?;
-        self.await_sdn_event(steps, new, "programmed", killed, Duration::from_secs(20), "programmed the pod flows")?;
-        self.await_sdn_event(steps, new, "ready", killed, Duration::from_secs(20), "wrote the CNI config (ready)")
+        self.await_sdn_event(steps, new, "programmed", killed, timeout, "programmed the pod flows")?;
+        self.await_sdn_event(steps, new, "ready", killed, timeout, "wrote the CNI config (ready)")
     }
 
-    fn cni_flap(&self, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
+    fn cni_flap(&self, plan: &FaultPlan, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
         let config = self.cni_config_path();
         match fs::remove_file(&config) {
             Ok(()) => steps.now(format!("deleted {}", config.display())),
             Err(error) => steps.now(format!("cannot delete {}: {error}", config.display())),
         };
-        std::thread::sleep(Duration::from_secs(2));
+        std::thread::sleep(plan.hold());
         sys::write_atomic(&config, &self.root, &cni::network_config())?;
         Ok(steps.now(format!("restored {}", config.display())))
     }
 
-    fn benign_restart(&self, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
+    fn benign_restart(&self, plan: &FaultPlan, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
         let old = self.running_sdn()?;
-        sys::signal(old, Signal::SIGKILL);
-        sys::wait_exit(old, Duration::from_secs(3));
-        let killed = steps.now(format!("SIGKILL openshift-sdn-node pid {old}; CNI config {}", self.config_state()));
+        let killed = self.stop_sdn(steps, old, plan, false);
         let new = self.start_sdn(&["--keep-flows"])?;
         steps.now(format!("new openshift-sdn-node started, pid {new}, --keep-flows"));
         self.await_sdn_event(
@@ -208,13 +278,13 @@ impl Lab {
         )
     }
 
-    fn silent_drop(&self, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
+    fn silent_drop(&self, plan: &FaultPlan, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
         let web = self.pod("web").context("no web pod")?;
         let iptables =
             |op: &str| sys::run(sys::in_netns(&web.netns, "iptables").args(["-w", "5", op, "INPUT", "-j", "DROP"]));
         iptables("-I")?;
         steps.now(format!("iptables -I INPUT -j DROP in {} (pod {}/{})", web.netns, web.namespace, web.pod));
-        std::thread::sleep(Duration::from_secs(5));
+        std::thread::sleep(plan.hold());
         iptables("-D")?;
         Ok(steps.now(format!("removed the DROP rule in {}", web.netns)))
     }

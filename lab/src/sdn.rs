@@ -3,7 +3,8 @@
 //! config: on start it flushes the flow table (unless `--keep-flows`), programs the pod flows
 //! after `--program-delay`, then writes `80-openshift-network.conf`; every second it checks the
 //! flows and re-programs them `--resync-delay` after it finds them gone (ovs-vswitchd restarted
-//! with `fail_mode=secure`); its TERM trap deletes the CNI config and exits 0.
+//! with `fail_mode=secure`; a replay may set that delay, see [`resync_delay_path`]); its TERM trap
+//! deletes the CNI config and exits 0.
 
 use std::{
     path::{Path, PathBuf},
@@ -69,6 +70,24 @@ pub fn flow_lines(ports: &[(&str, u32)]) -> String {
         flows.push_str(&format!("cookie={COOKIE},priority=100,arp,arp_tpa={ip},actions=output:{ofport}\n"));
     }
     flows
+}
+
+/// A file whose duration (`2.5s`), when present, the running sdn waits instead of its
+/// `--resync-delay` the next time it finds the flows gone: how a replay sets the outage of an
+/// OVS restart without restarting the sdn.
+pub fn resync_delay_path(root: &Path) -> PathBuf {
+    root.join("sdn-resync-delay")
+}
+
+fn resync_delay(root: &Path) -> Option<Duration> {
+    let text = std::fs::read_to_string(resync_delay_path(root)).ok()?;
+    match crate::daemons::parse_duration(&text) {
+        Ok(delay) => Some(delay),
+        Err(error) => {
+            eprintln!("{} ignoring {}: {error}", now_text(), resync_delay_path(root).display());
+            None
+        }
+    }
 }
 
 /// How many flows a fully programmed br0 has.
@@ -185,14 +204,15 @@ pub fn run(options: &SdnOptions) -> anyhow::Result<()> {
         match count_flows(&ovs) {
             Ok(count) if count < expected_flows(&lab) => {
                 unreadable = false;
+                let resync_delay = resync_delay(&lab.root).unwrap_or(options.resync_delay);
                 println!(
                     "{} only {count} of {} flows on {BRIDGE} (ovs-vswitchd restarted?); re-programming in {:.1} s",
                     now_text(),
                     expected_flows(&lab),
-                    options.resync_delay.as_secs_f64()
+                    resync_delay.as_secs_f64()
                 );
                 event("flows-missing");
-                if !pause(options.resync_delay) {
+                if !pause(resync_delay) {
                     return terminate(&lab, &event);
                 }
                 loop {

@@ -235,6 +235,15 @@ impl Rng {
         Rng(seed | 1)
     }
 
+    /// A replayable stream for a user's seed: every seed its own (splitmix64's finaliser first,
+    /// so that seeds 42 and 43 do not share a stream as they would in [`Rng::seeded`]).
+    pub fn from_seed(seed: u64) -> Self {
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Self::seeded(z ^ (z >> 31))
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
