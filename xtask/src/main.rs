@@ -72,12 +72,32 @@ enum Task {
     /// agent against the lab's ground truth (prober, numbered UDP stream), then a soak of natural
     /// traffic with no fault; writes EVALUATION.md and target/eval/results.json.
     Eval {
-        /// Runs per scenario (odd runs disrupt 2 s after the agent is ready, even ones 12 s).
+        /// Runs per scenario, each with its own fault plan drawn from the seed.
         #[arg(long, default_value_t = 5)]
         repeat: u32,
         /// Minutes of natural-traffic soak.
-        #[arg(long, default_value_t = 5.0)]
+        #[arg(long, default_value_t = 5.0, conflicts_with = "soak")]
         soak_minutes: f64,
+        /// How long the soak runs, e.g. 30m, 90s, 1h (instead of --soak-minutes).
+        #[arg(long, value_name = "DURATION", value_parser = eval::parse_soak)]
+        soak: Option<f64>,
+        /// The seed every run's fault plan is drawn from (printed; the same seed replays the
+        /// same plans). Drawn from the clock when not given.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Run the eval in a test VM with this kernel (6.1 or 6.12), on OVS's kernel datapath;
+        /// its section of EVALUATION.md is replaced, the host's kept.
+        #[arg(long, value_name = "KERNEL")]
+        vm: Option<String>,
+        /// (internal, the guest's half of --vm) OVS datapath, prebuilt binaries, where to write.
+        #[arg(long, hide = true, value_parser = dm_lab::Datapath::parse)]
+        datapath: Option<dm_lab::Datapath>,
+        #[arg(long, hide = true, requires_all = ["lab_bin", "out_dir"])]
+        agent_bin: Option<std::path::PathBuf>,
+        #[arg(long, hide = true, requires = "agent_bin")]
+        lab_bin: Option<std::path::PathBuf>,
+        #[arg(long, hide = true, requires = "agent_bin")]
+        out_dir: Option<std::path::PathBuf>,
         /// Only these scenarios (comma-separated), e.g. sdn-upgrade,silent-drop.
         #[arg(long, value_name = "LIST")]
         scenarios: Option<String>,
@@ -160,8 +180,36 @@ fn main() -> ExitCode {
         Task::Demo { datapath, vm: None, agent_bin, lab_bin } => {
             lab::demo(lab::DemoOptions { datapath: datapath.unwrap_or_default(), prebuilt: agent_bin.zip(lab_bin) })
         }
-        Task::Eval { repeat, soak_minutes, scenarios, no_soak } => {
-            eval::eval(eval::EvalOptions { repeat, soak_minutes, scenarios, no_soak })
+        Task::Eval {
+            repeat,
+            soak_minutes,
+            soak,
+            seed,
+            vm,
+            datapath,
+            agent_bin,
+            lab_bin,
+            out_dir,
+            scenarios,
+            no_soak,
+        } => {
+            let options = eval::EvalOptions {
+                repeat,
+                soak_minutes: soak.unwrap_or(soak_minutes),
+                seed,
+                scenarios,
+                no_soak,
+                datapath: datapath.unwrap_or_default(),
+                guest: agent_bin.zip(lab_bin).zip(out_dir).map(|((agent, lab), out_dir)| eval::GuestRun {
+                    agent,
+                    lab,
+                    out_dir,
+                }),
+            };
+            match vm {
+                Some(kernel) => vm::eval(&kernel, &options),
+                None => eval::eval(options),
+            }
         }
         Task::Bench { quick, only } => bench::bench(quick, only.as_deref()),
         Task::Vm { kernel, command } => vm::vm(&kernel, &command),

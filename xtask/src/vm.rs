@@ -123,6 +123,70 @@ pub fn demo(kernel: &str, datapath: dm_lab::Datapath) -> anyhow::Result<()> {
     exit_with(guest::run(&prepared, &job)?.status)
 }
 
+/// `cargo xtask eval --vm KERNEL`: the eval in a guest of that kernel, on OVS's kernel
+/// datapath, with the agent and lab built here; its report replaces that kernel's section of
+/// EVALUATION.md (the host's part and other kernels' sections stay).
+pub fn eval(kernel: &str, options: &crate::eval::EvalOptions) -> anyhow::Result<()> {
+    crate::lab::require_root("eval")?;
+    let kernel = Kernel::parse(kernel)?;
+    setup::ensure_ready()?;
+    let workspace = Workspace::locate()?;
+    let agent = build::build_agent(&workspace, false)?;
+    let lab = build::build_lab(&workspace)?;
+    let xtask = std::env::current_exe().context("cannot find the xtask executable")?;
+    let prepared = kernel::prepare(kernel)?;
+    let out_dir = workspace.target_dir.join("eval").join(format!("vm-{}", kernel.name()));
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let report_path = out_dir.join(crate::eval::GUEST_REPORT);
+    let _ = std::fs::remove_file(&report_path);
+    let seed = options.seed.unwrap_or_else(|| dm_lab::soak::Rng::new(0).next_u64() >> 16);
+    let path = |p: &std::path::Path| p.to_str().map(str::to_owned).context("a path that is not UTF-8");
+    let mut words = vec![
+        path(&xtask)?,
+        "eval".into(),
+        "--datapath".into(),
+        "kernel".into(),
+        "--agent-bin".into(),
+        path(&agent)?,
+        "--lab-bin".into(),
+        path(&lab)?,
+        "--out-dir".into(),
+        path(&out_dir)?,
+        "--repeat".into(),
+        options.repeat.to_string(),
+        "--seed".into(),
+        seed.to_string(),
+    ];
+    if let Some(list) = &options.scenarios {
+        words.extend(["--scenarios".into(), list.clone()]);
+    }
+    if options.no_soak {
+        words.push("--no-soak".into());
+    } else {
+        words.extend(["--soak-minutes".into(), options.soak_minutes.to_string()]);
+    }
+    let line = words.iter().map(|word| command::shell_quote(word)).collect::<Vec<_>>().join(" ");
+    println!("==> the eval in a Linux {} guest, OVS kernel datapath, seed {seed}", kernel.name());
+    let job = guest::Job {
+        script: format!("exec {line}\n"),
+        workdir: workspace.root.clone(),
+        forward_ports: Vec::new(),
+        timeout: None,
+        console_log: None,
+        console_prefix: String::new(),
+    };
+    let status = guest::run(&prepared, &job)?.status;
+    ensure!(status == 0, "the guest's eval exited with status {status}; its logs are in {}", out_dir.display());
+    let report = std::fs::read_to_string(&report_path)
+        .with_context(|| format!("the guest's eval wrote no report at {}", report_path.display()))?;
+    let evaluation = workspace.root.join("EVALUATION.md");
+    let existing = std::fs::read_to_string(&evaluation).unwrap_or_default();
+    std::fs::write(&evaluation, crate::eval::report::with_vm_section(&existing, kernel.name(), &report))
+        .with_context(|| format!("writing {}", evaluation.display()))?;
+    println!("wrote the Linux {} section of {}", kernel.name(), evaluation.display());
+    Ok(())
+}
+
 fn exit_with(status: i32) -> anyhow::Result<()> {
     if status == 0 {
         return Ok(());

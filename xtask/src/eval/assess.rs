@@ -2,7 +2,7 @@
 //! ground truth; the soak's record; the statistics the report uses.
 
 use dm_lab::{
-    LossWindow, Outage, Scenario,
+    FaultPlan, LossWindow, Outage, Scenario,
     probe_log::{self, UdpSecond, seconds_between},
 };
 use jiff::{SignedDuration, Timestamp};
@@ -26,6 +26,8 @@ pub struct IncidentView {
     pub causes: Vec<(String, String)>,
     /// `totals.lost_packets`; None when the agent does not report it.
     pub lost_packets: Option<u64>,
+    /// The pods its interfaces name (`namespace/pod`), sorted, each once.
+    pub pods: Vec<String>,
 }
 
 impl IncidentView {
@@ -48,8 +50,23 @@ impl IncidentView {
                     .collect()
             })
             .unwrap_or_default();
+        let mut pods: Vec<String> = value["interfaces"]
+            .as_array()
+            .map(|interfaces| {
+                interfaces
+                    .iter()
+                    .filter_map(|i| {
+                        let (namespace, pod) = (i["pod_namespace"].as_str()?, i["pod"].as_str()?);
+                        (!namespace.is_empty() && !pod.is_empty()).then(|| format!("{namespace}/{pod}"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        pods.sort();
+        pods.dedup();
         Some(IncidentView {
             id,
+            pods,
             start,
             end,
             active: value["active"].as_bool().unwrap_or(end.is_none()),
@@ -107,7 +124,9 @@ pub fn expected(scenario: Scenario) -> Expected {
         Scenario::SdnUpgrade | Scenario::OvsRestart => Expected::Incident(Some(("process_restart", "ovs-vswitchd"))),
         Scenario::FlowFlush => Expected::Incident(Some(("process_restart", "openshift-sdn-n"))),
         Scenario::SilentDrop => Expected::Incident(None),
-        Scenario::CniFlap | Scenario::BenignRestart => Expected::Nothing,
+        Scenario::CniFlap | Scenario::BenignRestart | Scenario::RejectsRestart | Scenario::ScanFlap => {
+            Expected::Nothing
+        }
     }
 }
 
@@ -126,8 +145,10 @@ pub struct RunRecord {
     pub scenario: Scenario,
     /// 1-based.
     pub repeat: u32,
-    /// Disrupted 2 s after the agent was ready (else 12 s).
-    pub cold: bool,
+    /// How the fault was shaped, drawn from the eval's seed.
+    pub plan: FaultPlan,
+    /// The pods that lost traffic in truth (`namespace/pod`).
+    pub truth_pods: Vec<String>,
     pub agent_ready: Timestamp,
     pub started: Timestamp,
     pub finished: Timestamp,
@@ -166,6 +187,31 @@ pub struct Assessment {
     pub lost_reported: Option<u64>,
     /// UDP datagrams lost + failed probes.
     pub lost_truth: u64,
+    /// The matched incident's pods against the truth's.
+    pub pods: Option<PodScore>,
+}
+
+/// The pods an incident names against those that lost traffic in truth.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodScore {
+    /// Pods the incident names.
+    pub named: usize,
+    /// Of those, pods that lost traffic in truth.
+    pub right: usize,
+    /// Pods that lost traffic in truth.
+    pub truth: usize,
+}
+
+impl PodScore {
+    pub fn of(named: &[String], truth: &[String]) -> Self {
+        Self { named: named.len(), right: named.iter().filter(|pod| truth.contains(pod)).count(), truth: truth.len() }
+    }
+
+    pub fn add(&mut self, other: &PodScore) {
+        self.named += other.named;
+        self.right += other.right;
+        self.truth += other.truth;
+    }
 }
 
 /// When the run first lost something: the earliest of the first failed probe and the first
@@ -233,6 +279,7 @@ pub fn assess(run: &RunRecord) -> Assessment {
     }
     assessment.latency = first.map(|lost| seconds_between(lost, seen.first_seen));
     assessment.lost_reported = incident.lost_packets;
+    assessment.pods = Some(PodScore::of(&incident.pods, &run.truth_pods));
     assessment
 }
 
@@ -351,7 +398,12 @@ pub(super) mod fixtures {
         RunRecord {
             scenario,
             repeat: 1,
-            cold: true,
+            plan: FaultPlan::default_for(scenario),
+            truth_pods: vec![
+                "openshift-apiserver/apiserver-zg25k".into(),
+                "client/client-1".into(),
+                "web/web-1".into(),
+            ],
             agent_ready: ts("2026-01-12T20:58:38Z"),
             started: ts("2026-01-12T20:58:40Z"),
             finished: ts("2026-01-12T20:58:55Z"),
@@ -396,6 +448,19 @@ mod tests {
         assert_eq!(view.end_or_now(), ts("2026-01-12T20:58:43.5Z"));
         assert_eq!(view.top_cause(), "process_restart ovs-vswitchd");
         assert!(IncidentView::from_json(&json!({"id": "x"})).is_none());
+        // Pods come from the interfaces, each once, sorted; interfaces without a pod add none.
+        new["interfaces"] = json!([
+            {"interface": "a", "pod_namespace": "web", "pod": "web-1"},
+            {"interface": "b", "pod_namespace": "client", "pod": "client-1"},
+            {"interface": "c", "pod_namespace": "web", "pod": "web-1"},
+            {"interface": "tun0"},
+            {"interface": "br0", "pod_namespace": "", "pod": ""},
+        ]);
+        assert_eq!(IncidentView::from_json(&new).unwrap().pods, ["client/client-1", "web/web-1"]);
+        assert_eq!(
+            PodScore::of(&["web/web-1".into(), "x/y".into()], &["web/web-1".into()]),
+            PodScore { named: 2, right: 1, truth: 1 }
+        );
     }
 
     #[test]
@@ -428,6 +493,8 @@ mod tests {
         // First loss is the UDP datagram at 41.2, seen at 41.9.
         assert!(close(a.latency, 0.7));
         assert_eq!((a.lost_reported, a.lost_truth), (Some(150), 168));
+        // No interfaces named: no pod right, three in truth.
+        assert_eq!(a.pods, Some(PodScore { named: 0, right: 0, truth: 3 }));
 
         // Wrong top cause; flow-flush expects the sdn.
         let r = run(

@@ -4,7 +4,8 @@
 //! the raw runs to target/eval/results.json.
 
 mod assess;
-mod report;
+pub mod report;
+mod stats;
 
 pub use self::assess::{Expected, expected};
 
@@ -26,9 +27,9 @@ use std::{
 
 use anyhow::{Context as _, bail, ensure};
 use dm_lab::{
-    Lab, LabOptions, NODE_NETNS, Scenario, ScenarioReport,
+    Datapath, FaultPlan, Lab, LabOptions, NODE_NETNS, Scenario, ScenarioReport,
     probe_log::{self, UdpSecond},
-    soak,
+    soak::{self, Rng},
 };
 use jiff::Timestamp;
 use serde_json::{Value, json};
@@ -51,15 +52,35 @@ pub struct EvalOptions {
     pub repeat: u32,
     /// Minutes of natural-traffic soak.
     pub soak_minutes: f64,
+    /// The seed of the runs' fault plans (None: drawn from the clock).
+    pub seed: Option<u64>,
     /// Only these scenarios (comma-separated names); all when None.
     pub scenarios: Option<String>,
     /// Skip the soak.
     pub no_soak: bool,
+    /// OVS's datapath under the lab's bridge.
+    pub datapath: Datapath,
+    /// Set in a test VM (the guest's half of `eval --vm`): what the host built, and where the
+    /// report goes instead of EVALUATION.md.
+    pub guest: Option<GuestRun>,
 }
 
-/// Seconds a run waits after the agent is ready before disrupting: cold (odd repeats) and warm.
-const COLD_WAIT: Duration = Duration::from_secs(2);
-const WARM_WAIT: Duration = Duration::from_secs(12);
+/// The guest's half of `cargo xtask eval --vm`.
+#[derive(Clone, Debug)]
+pub struct GuestRun {
+    pub agent: PathBuf,
+    pub lab: PathBuf,
+    /// Gets `report.md`, `results.json` and `logs/`.
+    pub out_dir: PathBuf,
+}
+
+/// The report a guest's eval writes into its out dir.
+pub const GUEST_REPORT: &str = "report.md";
+
+/// How long the soak's agent runs before the soak traffic starts.
+const SOAK_WARMUP: Duration = Duration::from_secs(2);
+/// How long a decoy's noise runs before its agent starts: the noise is the node's steady state.
+const NOISE_BEFORE_AGENT: Duration = Duration::from_secs(2);
 /// After the scenario: wait for every incident to close, at most this long ...
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// ... or this long when no incident appeared at all.
@@ -238,21 +259,35 @@ pub fn eval(options: EvalOptions) -> anyhow::Result<()> {
     ensure!(options.repeat >= 1, "--repeat must be at least 1");
     ensure!(options.soak_minutes >= 0.0 && options.soak_minutes.is_finite(), "--soak-minutes must be ≥ 0");
     let scenarios = parse_scenarios(options.scenarios.as_deref())?;
-    setup::ensure_ready()?;
-    let workspace = Workspace::locate()?;
-    let agent_binary = build::build_agent(&workspace, false)?;
-    let lab_binary = build::build_lab(&workspace)?;
-    let out_dir = workspace.target_dir.join("eval");
+    let seed = options.seed.unwrap_or_else(|| Rng::new(0).next_u64() >> 16);
+    println!("==> seed {seed} (the same seed and options replay the same fault plans: --seed {seed})");
+    // (agent, lab, out dir, the repository root: for its commit, and EVALUATION.md on the host).
+    let (agent_binary, lab_binary, out_dir, root) = match &options.guest {
+        Some(guest) => (
+            guest.agent.clone(),
+            guest.lab.clone(),
+            guest.out_dir.clone(),
+            std::env::current_dir().context("the working directory")?,
+        ),
+        None => {
+            setup::ensure_ready()?;
+            let workspace = Workspace::locate()?;
+            let agent = build::build_agent(&workspace, false)?;
+            let lab = build::build_lab(&workspace)?;
+            (agent, lab, workspace.target_dir.join("eval"), workspace.root)
+        }
+    };
     let logs = out_dir.join("logs");
     fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let date = Timestamp::now();
     let clock = Instant::now();
 
-    println!("==> lab up");
-    let lab_options = LabOptions { probe_period: PROBE_PERIOD, ..LabOptions::default() };
+    println!("==> lab up ({} datapath)", options.datapath);
+    let lab_options = LabOptions { probe_period: PROBE_PERIOD, datapath: options.datapath };
     let result = Lab::up_with(&lab_binary, lab_options).and_then(|lab| {
-        let result = eval_in(&lab, &agent_binary, &scenarios, &options, &out_dir, &logs);
+        let result = eval_in(&lab, &agent_binary, &scenarios, &options, seed, &out_dir, &logs);
         lab.stop_soak();
+        lab.stop_noise();
         result
     });
     println!("==> lab down");
@@ -261,7 +296,7 @@ pub fn eval(options: EvalOptions) -> anyhow::Result<()> {
     }
     let (runs, soak) = result?;
 
-    let mut command_line = format!("cargo xtask eval --repeat {}", options.repeat);
+    let mut command_line = format!("cargo xtask eval --repeat {} --seed {seed}", options.repeat);
     if let Some(list) = &options.scenarios {
         let _ = write!(command_line, " --scenarios {list}");
     }
@@ -276,7 +311,7 @@ pub fn eval(options: EvalOptions) -> anyhow::Result<()> {
         kernel: command::stdout(std::process::Command::new("uname").arg("-r"))
             .map(|k| k.trim().to_string())
             .unwrap_or_else(|_| "?".into()),
-        commit: command::stdout(std::process::Command::new("git").current_dir(&workspace.root).args([
+        commit: command::stdout(std::process::Command::new("git").current_dir(&root).args([
             "rev-parse",
             "--short",
             "HEAD",
@@ -284,16 +319,53 @@ pub fn eval(options: EvalOptions) -> anyhow::Result<()> {
         .map(|c| c.trim().to_string())
         .unwrap_or_else(|_| "?".into()),
         repeat: options.repeat,
+        seed,
+        datapath: options.datapath,
         soak_minutes: (!options.no_soak).then_some(options.soak_minutes),
         total_seconds: clock.elapsed().as_secs_f64(),
     };
-    write_results(&out_dir, &runs, soak.as_ref())?;
+    write_results(&out_dir, seed, &runs, soak.as_ref())?;
     let report = render(&meta, &runs, soak.as_ref());
-    let path = workspace.root.join("EVALUATION.md");
-    fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
+    let path = if options.guest.is_some() {
+        let path = out_dir.join(GUEST_REPORT);
+        fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
+        path
+    } else {
+        // The host's part is replaced; the sections `eval --vm` added are kept.
+        let path = root.join("EVALUATION.md");
+        let existing = fs::read_to_string(&path).unwrap_or_default();
+        fs::write(&path, report::with_host_part(&existing, &report))
+            .with_context(|| format!("writing {}", path.display()))?;
+        path
+    };
     println!("\n{}", report.split("## Per scenario").next().unwrap_or(""));
     println!("wrote {} and {}", path.display(), out_dir.join("results.json").display());
     Ok(())
+}
+
+/// `--soak`: `30m`, `90s`, `1h`, `1.5h`, or a bare number of minutes; in minutes.
+pub fn parse_soak(text: &str) -> Result<f64, String> {
+    let text = text.trim();
+    let (number, minutes_per_unit) = if let Some(h) = text.strip_suffix('h') {
+        (h, 60.0)
+    } else if let Some(m) = text.strip_suffix('m') {
+        (m, 1.0)
+    } else if let Some(s) = text.strip_suffix('s') {
+        (s, 1.0 / 60.0)
+    } else {
+        (text, 1.0)
+    };
+    match number.trim().parse::<f64>() {
+        Ok(value) if value.is_finite() && value >= 0.0 => Ok(value * minutes_per_unit),
+        _ => Err(format!("bad soak duration `{text}` (e.g. 30m, 90s, 1h)")),
+    }
+}
+
+/// The seed of one run's plan: the eval's seed and the run's place, so that a run replays
+/// alone (`--seed S --scenarios X --repeat N` draws run N of X as the whole eval did).
+fn run_seed(seed: u64, scenario: Scenario, repeat: u32) -> u64 {
+    let index = Scenario::ALL.iter().position(|s| *s == scenario).unwrap_or(0) as u64;
+    seed ^ (index << 40) ^ u64::from(repeat)
 }
 
 fn parse_scenarios(list: Option<&str>) -> anyhow::Result<Vec<Scenario>> {
@@ -319,47 +391,64 @@ fn eval_in(
     agent_binary: &Path,
     scenarios: &[Scenario],
     options: &EvalOptions,
+    seed: u64,
     out_dir: &Path,
     logs: &Path,
 ) -> anyhow::Result<(Vec<RunRecord>, Option<SoakRecord>)> {
     let mut runs = Vec::new();
     for repeat in 1..=options.repeat {
         for &scenario in scenarios {
-            let run = run_once(lab, agent_binary, scenario, repeat, logs)
-                .with_context(|| format!("{scenario} run {repeat}"))?;
+            let plan = FaultPlan::draw(scenario, &mut Rng::from_seed(run_seed(seed, scenario, repeat)));
+            let run = run_once(lab, agent_binary, scenario, repeat, &plan, logs);
+            lab.stop_noise();
+            let run = run.with_context(|| format!("{scenario} run {repeat} ({})", plan.describe(scenario)))?;
             let a = assess(&run);
             println!(
-                "    => {} incident(s); matched: {}; top cause {}; onset {} duration {} latency {} (prober), false {}",
+                "    => {} incident(s); matched: {}; top cause {}; onset {} duration {} latency {} (prober), false {}, pods {}",
                 run.incidents.len(),
                 a.matched.map_or("none".to_string(), |i| run.incidents[i].view.id.clone()),
                 a.matched.map_or("—".to_string(), |i| run.incidents[i].view.top_cause()),
                 signed(a.onset_error_prober),
                 signed(a.duration_error_prober),
                 plain(a.latency),
-                a.false_incidents
+                a.false_incidents,
+                a.pods.map_or("—".to_string(), |p| format!(
+                    "{} of {} named right, {} in truth",
+                    p.right, p.named, p.truth
+                )),
             );
             runs.push(run);
-            write_results(out_dir, &runs, None)?;
+            write_results(out_dir, seed, &runs, None)?;
         }
     }
     let soak = if options.no_soak { None } else { Some(run_soak(lab, agent_binary, options.soak_minutes, logs)?) };
     Ok((runs, soak))
 }
 
-fn run_once(lab: &Lab, agent_binary: &Path, scenario: Scenario, repeat: u32, logs: &Path) -> anyhow::Result<RunRecord> {
-    let cold = repeat % 2 == 1;
-    let wait = if cold { COLD_WAIT } else { WARM_WAIT };
+fn run_once(
+    lab: &Lab,
+    agent_binary: &Path,
+    scenario: Scenario,
+    repeat: u32,
+    plan: &FaultPlan,
+    logs: &Path,
+) -> anyhow::Result<RunRecord> {
     println!(
-        "==> {scenario} run {repeat} ({}, disrupting {} s after the agent is ready)",
-        if cold { "cold" } else { "warm" },
-        wait.as_secs()
+        "==> {scenario} run {repeat}: {}, {:.1} s after the agent is ready",
+        plan.describe(scenario),
+        plan.delay_seconds
     );
+    if lab.start_noise(scenario)? {
+        println!("    noise started {} s before the agent", NOISE_BEFORE_AGENT.as_secs());
+        thread::sleep(NOISE_BEFORE_AGENT);
+    }
     let log = logs.join(format!("agent-{scenario}-{repeat}.log"));
     let mut agent = LabAgent::start_fresh(agent_binary, lab, &log)?;
     let agent_ready = Timestamp::now();
     let poller = Poller::start()?;
-    thread::sleep(wait);
-    let report = lab.disrupt_with(scenario, &mut |at, step| println!("    {at:.3}  {step}"));
+    let waited = wait_watching(&mut agent, plan.delay(), &log);
+    let report =
+        waited.and_then(|()| lab.disrupt_planned(scenario, plan, &mut |at, step| println!("    {at:.3}  {step}")));
     let report = match report {
         Ok(report) => report,
         Err(error) => {
@@ -383,14 +472,24 @@ fn run_once(lab: &Lab, agent_binary: &Path, scenario: Scenario, repeat: u32, log
     let (incidents, polls) = poller.finish();
     agent.stop().with_context(|| format!("see {}", log.display()))?;
     polls.check(&log)?;
-    Ok(record(lab, scenario, repeat, cold, agent_ready, &report, incidents))
+    Ok(record(lab, scenario, repeat, *plan, agent_ready, &report, incidents))
+}
+
+/// Waits `delay`, checking every 200 ms that the agent still runs.
+fn wait_watching(agent: &mut LabAgent, delay: Duration, log: &Path) -> anyhow::Result<()> {
+    let until = Instant::now() + delay;
+    while Instant::now() < until {
+        thread::sleep(Duration::from_millis(200).min(until.saturating_duration_since(Instant::now())));
+        agent.check_running().with_context(|| format!("see {}", log.display()))?;
+    }
+    Ok(())
 }
 
 fn record(
     lab: &Lab,
     scenario: Scenario,
     repeat: u32,
-    cold: bool,
+    plan: FaultPlan,
     agent_ready: Timestamp,
     report: &ScenarioReport,
     incidents: Vec<SeenIncident>,
@@ -399,10 +498,22 @@ fn record(
     // own window may lack the last losses.
     let udp = probe_log::parse_udp(&fs::read_to_string(lab.udp_log()).unwrap_or_default());
     let udp_loss = probe_log::udp_loss_window(&udp, report.started, report.finished).or(report.udp_loss.clone());
+    // The pods that lost traffic in truth: the prober's target when a probe failed, both ends
+    // of the UDP stream when a datagram was lost.
+    let pod_name = |short: &str| lab.pod(short).map(|pod| format!("{}/{}", pod.namespace, pod.pod));
+    let mut truth_pods: Vec<String> = Vec::new();
+    if report.outage.is_some() {
+        truth_pods.extend(pod_name("apiserver"));
+    }
+    if udp_loss.is_some() {
+        truth_pods.extend(pod_name("client"));
+        truth_pods.extend(pod_name("web"));
+    }
     RunRecord {
         scenario,
         repeat,
-        cold,
+        plan,
+        truth_pods,
         agent_ready,
         started: report.started,
         finished: report.finished,
@@ -420,7 +531,7 @@ fn run_soak(lab: &Lab, agent_binary: &Path, minutes: f64, logs: &Path) -> anyhow
     let log = logs.join("agent-soak.log");
     let mut agent = LabAgent::start_fresh(agent_binary, lab, &log)?;
     let poller = Poller::start()?;
-    thread::sleep(COLD_WAIT);
+    thread::sleep(SOAK_WARMUP);
     let started = Timestamp::now();
     let soak = lab.start_soak();
     let result = soak.and_then(|_| {
@@ -488,7 +599,7 @@ fn seen_json(seen: &SeenIncident) -> Value {
     json!({ "first_seen": format!("{:.3}", seen.first_seen), "incident": seen.raw })
 }
 
-fn write_results(out_dir: &Path, runs: &[RunRecord], soak: Option<&SoakRecord>) -> anyhow::Result<()> {
+fn write_results(out_dir: &Path, seed: u64, runs: &[RunRecord], soak: Option<&SoakRecord>) -> anyhow::Result<()> {
     let runs: Vec<Value> = runs
         .iter()
         .map(|run| {
@@ -496,8 +607,9 @@ fn write_results(out_dir: &Path, runs: &[RunRecord], soak: Option<&SoakRecord>) 
             json!({
                 "scenario": run.scenario.name(),
                 "repeat": run.repeat,
-                "start": if run.cold { "cold" } else { "warm" },
-                "wait_seconds": if run.cold { COLD_WAIT.as_secs() } else { WARM_WAIT.as_secs() },
+                "plan": run.plan,
+                "plan_text": run.plan.describe(run.scenario),
+                "truth_pods": run.truth_pods,
                 "agent_ready": format!("{:.3}", run.agent_ready),
                 "report": run.report,
                 "udp_loss": run.udp_loss.as_ref().map(|l| json!({
@@ -516,6 +628,7 @@ fn write_results(out_dir: &Path, runs: &[RunRecord], soak: Option<&SoakRecord>) 
                     "latency": a.latency,
                     "lost_reported": a.lost_reported,
                     "lost_truth": a.lost_truth,
+                    "pods": a.pods.map(|p| json!({ "named": p.named, "right": p.right, "truth": p.truth })),
                 },
             })
         })
@@ -542,7 +655,7 @@ fn write_results(out_dir: &Path, runs: &[RunRecord], soak: Option<&SoakRecord>) 
         })
     });
     let path: PathBuf = out_dir.join("results.json");
-    let text = serde_json::to_string_pretty(&json!({ "runs": runs, "soak": soak }))?;
+    let text = serde_json::to_string_pretty(&json!({ "seed": seed, "runs": runs, "soak": soak }))?;
     fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
 }
 
@@ -565,6 +678,21 @@ mod tests {
         let summary = PollSummary { polls: 40, errors: 1, first_error: Some("connection refused".to_owned()) };
         let error = summary.check(log).unwrap_err().to_string();
         assert!(error.contains("1 of 40 polls") && error.contains("connection refused"), "{error}");
+    }
+
+    #[test]
+    fn soak_durations_and_run_seeds() {
+        assert_eq!(parse_soak("30m"), Ok(30.0));
+        assert_eq!(parse_soak("1.5h"), Ok(90.0));
+        assert_eq!(parse_soak("90s"), Ok(1.5));
+        assert_eq!(parse_soak("5"), Ok(5.0));
+        assert!(parse_soak("-1m").is_err() && parse_soak("soon").is_err());
+        // A run's plan depends on the seed, the scenario and the repeat only.
+        let plan =
+            |seed, scenario, repeat| FaultPlan::draw(scenario, &mut Rng::from_seed(run_seed(seed, scenario, repeat)));
+        assert_eq!(plan(9, Scenario::OvsRestart, 2), plan(9, Scenario::OvsRestart, 2));
+        assert_ne!(plan(9, Scenario::OvsRestart, 2), plan(9, Scenario::OvsRestart, 3));
+        assert_ne!(plan(9, Scenario::OvsRestart, 2), plan(10, Scenario::OvsRestart, 2));
     }
 
     #[test]
