@@ -88,17 +88,35 @@ pub fn run_agent(kernel: &str, release: bool, args: &[String]) -> anyhow::Result
     exit_with(guest::run(&prepared, &job)?.status)
 }
 
+/// What a command run in a guest needs from the host: the kernel prepared, the agent and the
+/// lab built, and this xtask to run there.
+struct GuestHalf {
+    kernel: Kernel,
+    workspace: Workspace,
+    agent: std::path::PathBuf,
+    lab: std::path::PathBuf,
+    xtask: std::path::PathBuf,
+    prepared: kernel::PreparedKernel,
+}
+
+impl GuestHalf {
+    fn build(kernel: &str, what: &str) -> anyhow::Result<Self> {
+        crate::lab::require_root(what)?;
+        let kernel = Kernel::parse(kernel)?;
+        setup::ensure_ready()?;
+        let workspace = Workspace::locate()?;
+        let agent = build::build_agent(&workspace, false)?;
+        let lab = build::build_lab(&workspace)?;
+        let xtask = std::env::current_exe().context("cannot find the xtask executable")?;
+        let prepared = kernel::prepare(kernel)?;
+        Ok(Self { kernel, workspace, agent, lab, xtask, prepared })
+    }
+}
+
 /// `cargo xtask demo --vm K`: builds the agent and the lab here, then runs the whole demo in
 /// a guest of kernel K (which has openvswitch.ko) on `datapath`.
 pub fn demo(kernel: &str, datapath: dm_lab::Datapath) -> anyhow::Result<()> {
-    crate::lab::require_root("the demo")?;
-    let kernel = Kernel::parse(kernel)?;
-    setup::ensure_ready()?;
-    let workspace = Workspace::locate()?;
-    let agent = build::build_agent(&workspace, false)?;
-    let lab = build::build_lab(&workspace)?;
-    let xtask = std::env::current_exe().context("cannot find the xtask executable")?;
-    let prepared = kernel::prepare(kernel)?;
+    let GuestHalf { kernel, workspace, agent, lab, xtask, prepared } = GuestHalf::build(kernel, "the demo")?;
     let words = [
         xtask.to_str().context("xtask path")?,
         "demo",
@@ -127,14 +145,7 @@ pub fn demo(kernel: &str, datapath: dm_lab::Datapath) -> anyhow::Result<()> {
 /// datapath, with the agent and lab built here; its report replaces that kernel's section of
 /// EVALUATION.md (the host's part and other kernels' sections stay).
 pub fn eval(kernel: &str, options: &crate::eval::EvalOptions) -> anyhow::Result<()> {
-    crate::lab::require_root("eval")?;
-    let kernel = Kernel::parse(kernel)?;
-    setup::ensure_ready()?;
-    let workspace = Workspace::locate()?;
-    let agent = build::build_agent(&workspace, false)?;
-    let lab = build::build_lab(&workspace)?;
-    let xtask = std::env::current_exe().context("cannot find the xtask executable")?;
-    let prepared = kernel::prepare(kernel)?;
+    let GuestHalf { kernel, workspace, agent, lab, xtask, prepared } = GuestHalf::build(kernel, "eval")?;
     let out_dir = workspace.target_dir.join("eval").join(format!("vm-{}", kernel.name()));
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let report_path = out_dir.join(crate::eval::GUEST_REPORT);
