@@ -150,7 +150,7 @@ pub fn eval(kernel: &str, options: &crate::eval::EvalOptions) -> anyhow::Result<
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let report_path = out_dir.join(crate::eval::GUEST_REPORT);
     let _ = std::fs::remove_file(&report_path);
-    let seed = options.seed.unwrap_or_else(|| dm_lab::soak::Rng::new(0).next_u64() >> 16);
+    let seed = options.seed.unwrap_or_else(crate::eval::draw_seed);
     let path = |p: &std::path::Path| p.to_str().map(str::to_owned).context("a path that is not UTF-8");
     let mut words = vec![
         path(&xtask)?,

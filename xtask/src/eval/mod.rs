@@ -259,7 +259,7 @@ pub fn eval(options: EvalOptions) -> anyhow::Result<()> {
     ensure!(options.repeat >= 1, "--repeat must be at least 1");
     ensure!(options.soak_minutes >= 0.0 && options.soak_minutes.is_finite(), "--soak-minutes must be ≥ 0");
     let scenarios = parse_scenarios(options.scenarios.as_deref())?;
-    let seed = options.seed.unwrap_or_else(|| Rng::new(0).next_u64() >> 16);
+    let seed = options.seed.unwrap_or_else(draw_seed);
     println!("==> seed {seed} (the same seed and options replay the same fault plans: --seed {seed})");
     // (agent, lab, out dir, the repository root: for its commit, and EVALUATION.md on the host).
     let (agent_binary, lab_binary, out_dir, root) = match &options.guest {
@@ -341,6 +341,11 @@ pub fn eval(options: EvalOptions) -> anyhow::Result<()> {
     println!("\n{}", report.split("## Per scenario").next().unwrap_or(""));
     println!("wrote {} and {}", path.display(), out_dir.join("results.json").display());
     Ok(())
+}
+
+/// A seed for an eval given none: from the clock, small enough to type back.
+pub fn draw_seed() -> u64 {
+    Rng::new(0).next_u64() >> 16
 }
 
 /// `--soak`: `30m`, `90s`, `1h`, `1.5h`, or a bare number of minutes; in minutes.

@@ -36,7 +36,7 @@ pub fn bootstrap_percentile(values: &[f64], p: f64, seed: u64) -> Option<(f64, f
     }
     let mut rng = Rng::from_seed(seed);
     let mut resample = vec![0.0; values.len()];
-    let mut estimates: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
+    let estimates: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
         .filter_map(|_| {
             for slot in resample.iter_mut() {
                 *slot = values[rng.range(0, values.len() as u64 - 1) as usize];
@@ -44,7 +44,6 @@ pub fn bootstrap_percentile(values: &[f64], p: f64, seed: u64) -> Option<(f64, f
             percentile(&resample, p)
         })
         .collect();
-    estimates.sort_by(f64::total_cmp);
     Some((percentile(&estimates, 2.5)?, percentile(&estimates, 97.5)?))
 }
 
