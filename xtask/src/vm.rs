@@ -55,6 +55,7 @@ pub fn vm(kernel: &str, command: &[String]) -> anyhow::Result<()> {
         timeout: None,
         console_log: None,
         console_prefix: String::new(),
+        writable: None,
     };
     exit_with(guest::run(&prepared, &job)?.status)
 }
@@ -84,6 +85,7 @@ pub fn run_agent(kernel: &str, release: bool, args: &[String]) -> anyhow::Result
         timeout: None,
         console_log: None,
         console_prefix: String::new(),
+        writable: None,
     };
     exit_with(guest::run(&prepared, &job)?.status)
 }
@@ -137,6 +139,7 @@ pub fn demo(kernel: &str, datapath: dm_lab::Datapath) -> anyhow::Result<()> {
         timeout: None,
         console_log: None,
         console_prefix: String::new(),
+        writable: None,
     };
     exit_with(guest::run(&prepared, &job)?.status)
 }
@@ -185,6 +188,7 @@ pub fn eval(kernel: &str, options: &crate::eval::EvalOptions) -> anyhow::Result<
         timeout: None,
         console_log: None,
         console_prefix: String::new(),
+        writable: Some(out_dir.clone()),
     };
     let status = guest::run(&prepared, &job)?.status;
     ensure!(status == 0, "the guest's eval exited with status {status}; its logs are in {}", out_dir.display());
@@ -314,6 +318,7 @@ pub fn test_kernels(
                     timeout: Some(TEST_TIMEOUT),
                     console_log: Some(logs.join(format!("{}.log", prepared.kernel.name()))),
                     console_prefix: format!("[{}] ", prepared.kernel.name()),
+                    writable: None,
                 };
                 scope.spawn(move || test_one_kernel(prepared, &job, started))
             })

@@ -47,6 +47,9 @@ pub struct Job {
     /// Printed before each console line echoed to stdout: tells one guest's lines from the
     /// others' when several run at once (e.g. `[6.1] `).
     pub console_prefix: String,
+    /// A host directory the guest may write, mounted at the same path over the read-only root
+    /// (a second virtiofs share): how a job hands files back (the eval's report, say).
+    pub writable: Option<PathBuf>,
 }
 
 pub struct Outcome {
@@ -96,9 +99,25 @@ pub fn run(kernel: &PreparedKernel, job: &Job) -> anyhow::Result<Outcome> {
         .stderr(Stdio::null())
         .stdin(Stdio::null());
     let _virtiofsd = KillOnDrop(virtiofsd.spawn().context("starting virtiofsd")?);
+    let writable_socket = scratch.path.join("virtiofs-rw.sock");
+    let _writable_virtiofsd = match &job.writable {
+        Some(dir) => {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let mut daemon = Command::new(VIRTIOFSD);
+            daemon
+                .arg(format!("--socket-path={}", writable_socket.display()))
+                .arg("-o")
+                .arg(format!("source={}", dir.display()))
+                .args(["-o", "sandbox=chroot", "-o", "cache=none", "-o", "log_level=err"])
+                .stderr(Stdio::null())
+                .stdin(Stdio::null());
+            Some(KillOnDrop(daemon.spawn().context("starting virtiofsd for the writable share")?))
+        }
+        None => None,
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        ensure!(Instant::now() < deadline, "virtiofsd did not create {}", socket.display());
+    while !socket.exists() || (job.writable.is_some() && !writable_socket.exists()) {
+        ensure!(Instant::now() < deadline, "virtiofsd did not create its socket in {}", scratch.path.display());
         thread::sleep(Duration::from_millis(20));
     }
 
@@ -118,6 +137,14 @@ pub fn run(kernel: &PreparedKernel, job: &Job) -> anyhow::Result<Outcome> {
         .arg("-chardev")
         .arg(format!("socket,id=vfs,path={}", socket.display()))
         .args(["-device", "vhost-user-fs-pci,chardev=vfs,tag=host"])
+        .args(job.writable.iter().flat_map(|_| {
+            [
+                "-chardev".to_owned(),
+                format!("socket,id=vfsrw,path={}", writable_socket.display()),
+                "-device".to_owned(),
+                "vhost-user-fs-pci,chardev=vfsrw,tag=writable".to_owned(),
+            ]
+        }))
         .arg("-object")
         .arg(format!("memory-backend-memfd,id=mem,size={MEMORY_MB}M,share=on"))
         .args(["-numa", "node,memdev=mem"]);
@@ -235,6 +262,10 @@ fn build_initramfs(kernel: &PreparedKernel, job: &Job, nonce: &str, scratch: &Pa
 
     let hostname = format!("dm-vm-{}", kernel.kernel.name().replace('.', "-"));
     let net = if job.forward_ports.is_empty() { "" } else { "1" };
+    let writable = match &job.writable {
+        Some(dir) => dir.to_str().context("writable path")?,
+        None => "",
+    };
     let env = [
         ("DM_VM_NONCE", nonce),
         ("DM_VM_RELEASE", kernel.release.as_str()),
@@ -242,6 +273,7 @@ fn build_initramfs(kernel: &PreparedKernel, job: &Job, nonce: &str, scratch: &Pa
         ("DM_VM_WORKDIR", job.workdir.to_str().context("workdir path")?),
         ("DM_VM_HOSTNAME", hostname.as_str()),
         ("DM_VM_NET", net),
+        ("DM_VM_WRITABLE", writable),
     ];
     let env: String =
         env.iter().map(|(key, value)| format!("export {key}={}\n", command::shell_quote(value))).collect();

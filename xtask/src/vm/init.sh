@@ -45,6 +45,11 @@ mount -t cgroup2 cgroup2 $root/sys/fs/cgroup
 mount -t bpf bpf $root/sys/fs/bpf
 mount -t tracefs tracefs $root/sys/kernel/tracing
 mount -t debugfs debugfs $root/sys/kernel/debug
+# The job's writable host directory, at its host path.
+if [ -n "$DM_VM_WRITABLE" ]; then
+    mkdir -p "$root$DM_VM_WRITABLE"
+    mount -t virtiofs writable "$root$DM_VM_WRITABLE" || fail "mounting the writable share $DM_VM_WRITABLE failed"
+fi
 # The kernel package's modules, where modprobe (and the kernel's module autoloading) look.
 mkdir -p "$root/lib/modules/$DM_VM_RELEASE"
 mount --bind "/lower$DM_VM_MODULES" "$root/lib/modules/$DM_VM_RELEASE"
