@@ -36,6 +36,12 @@ pub struct DirectionCounters {
     /// `bpf_ktime_get_coarse_ns()` of the latest packet counted in `unanswered`: where a
     /// disruption's evidence ends, to the jiffy rather than to the agent's sample.
     pub unanswered_last_ns: u64,
+    /// Of `syns`: handshakes to a service (address and port) not seen answering a handshake
+    /// before ([`SERVICES_MAP`]), a port scan's or a firewalled port's; likewise of
+    /// `syns_answered` and `syn_retransmits` for those handshakes.
+    pub unseen_syns: u64,
+    pub unseen_syns_answered: u64,
+    pub unseen_syn_retransmits: u64,
 }
 
 impl DirectionCounters {
@@ -50,6 +56,9 @@ impl DirectionCounters {
         unanswered: 0,
         unanswered_since_ns: 0,
         unanswered_last_ns: 0,
+        unseen_syns: 0,
+        unseen_syns_answered: 0,
+        unseen_syn_retransmits: 0,
     };
 
     /// Folds another CPU's copy in: counts add, the times are the latest.
@@ -65,6 +74,9 @@ impl DirectionCounters {
             unanswered,
             unanswered_since_ns,
             unanswered_last_ns,
+            unseen_syns,
+            unseen_syns_answered,
+            unseen_syn_retransmits,
         } = other;
         self.packets += packets;
         self.bytes += bytes;
@@ -76,6 +88,9 @@ impl DirectionCounters {
         self.unanswered += unanswered;
         self.unanswered_since_ns = self.unanswered_since_ns.max(*unanswered_since_ns);
         self.unanswered_last_ns = self.unanswered_last_ns.max(*unanswered_last_ns);
+        self.unseen_syns += unseen_syns;
+        self.unseen_syns_answered += unseen_syns_answered;
+        self.unseen_syn_retransmits += unseen_syn_retransmits;
     }
 }
 
@@ -134,6 +149,30 @@ pub struct FlowState {
     /// Initial sequence number (host order): a retransmitted SYN repeats it.
     pub syn_seq: u32,
     pub syns: u32,
+    /// [`FLOW_TO_UNSEEN_SERVICE`], or 0.
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// [`FlowState::flags`]: the handshake's service had not been seen answering when its first
+/// SYN went out.
+pub const FLOW_TO_UNSEEN_SERVICE: u32 = 1;
+
+/// Key of [`SERVICES_MAP`]: a TCP service, the sender of a SYN-ACK (address and port, as on
+/// the wire). The value is `bpf_ktime_get_ns()` of its latest SYN-ACK. A SYN to a service that
+/// is not in it never worked since the agent (or the pinned maps) started: a scan, a port
+/// filtered all along. Such handshakes and their drops are counted apart, as benign-class
+/// evidence, so that a steadily firewalled port is no incident, while a service that
+/// answered before and stops doing so is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServiceKey {
+    /// `AF_INET` (2) or `AF_INET6` (10).
+    pub family: u16,
+    /// Network byte order.
+    pub port: u16,
+    /// IPv4 addresses use the first four bytes, the rest stay zero.
+    pub addr: [u8; 16],
 }
 
 /// One side of a [`Conversation`].
@@ -194,7 +233,12 @@ pub struct DropKey {
     /// veth (host side), so that the drop counts for the pod it was meant for
     /// ([`POD_ADDRESSES_MAP`]).
     pub via: u32,
+    /// [`DROP_TO_UNSEEN_SERVICE`], or 0.
+    pub flags: u32,
 }
+
+/// [`DropKey::flags`]: the packet was a TCP SYN to a service not in [`SERVICES_MAP`].
+pub const DROP_TO_UNSEEN_SERVICE: u32 = 1;
 
 /// Key of [`POD_ADDRESSES_MAP`]: an address of a pod; the value is the ifindex of the pod's
 /// veth on the host side. Filled by the agent from the CNI cache.
@@ -247,7 +291,9 @@ pub const MAP_ERROR_PROCESS_EVENTS: u32 = 3;
 pub const MAP_ERROR_RETRANSMITS: u32 = 4;
 /// Counted by the agent, not the kernel: pod veths and addresses the drop tracer's maps refused.
 pub const MAP_ERROR_POD_ADDRESSES: u32 = 5;
-pub const MAP_ERROR_SLOTS: u32 = 6;
+/// A SYN-ACK's service could not be remembered ([`SERVICES_MAP`]).
+pub const MAP_ERROR_SERVICES_INSERT: u32 = 6;
+pub const MAP_ERROR_SLOTS: u32 = 7;
 
 /// Indexes into [`FLOW_TABLE_MAP`] (per-CPU counters of the LRU flow table): handshakes
 /// inserted and entries removed when answered. The agent counts the table's entries; what
@@ -260,6 +306,7 @@ pub const FLOW_TABLE_SLOTS: u32 = 2;
 pub const INTERFACE_COUNTERS_MAP: &str = "INTERFACE_COUNTERS";
 pub const INTERFACE_SLOTS_MAP: &str = "INTERFACE_SLOTS";
 pub const FLOWS_MAP: &str = "FLOWS";
+pub const SERVICES_MAP: &str = "SERVICES";
 pub const DROPS_MAP: &str = "DROPS";
 pub const CONVERSATIONS_MAP: &str = "CONVERSATIONS";
 pub const MAP_ERRORS_MAP: &str = "MAP_ERRORS";
@@ -283,6 +330,8 @@ pub const INTERFACE_COUNTERS_MAX: u32 = 4096;
 /// (a power of two, so the kernel's modulo is a mask).
 pub const INTERFACE_SLOTS_MAX: u32 = 1024;
 pub const FLOWS_MAX: u32 = 65_536;
+/// TCP services remembered (LRU): far more than a node's pods serve.
+pub const SERVICES_MAX: u32 = 16_384;
 /// Slots of [`CONVERSATIONS_MAP`] (a power of two: the kernel's modulo is a mask).
 pub const CONVERSATIONS_MAX: u32 = 16_384;
 pub const DROPS_MAX: u32 = 16_384;
@@ -412,6 +461,7 @@ mod user {
     unsafe impl aya::Pod for ProcessEvent {}
     unsafe impl aya::Pod for RetransmitKey {}
     unsafe impl aya::Pod for PodAddress {}
+    unsafe impl aya::Pod for ServiceKey {}
 }
 
 #[cfg(test)]
@@ -421,16 +471,17 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<DirectionCounters>(), 10 * 8);
-        assert_eq!(size_of::<InterfaceCounters>(), 2 * 10 * 8);
-        assert_eq!(size_of::<InterfaceSlot>(), 4 + 4 + 2 * 10 * 8);
+        assert_eq!(size_of::<DirectionCounters>(), 13 * 8);
+        assert_eq!(size_of::<InterfaceCounters>(), 2 * 13 * 8);
+        assert_eq!(size_of::<InterfaceSlot>(), 4 + 4 + 2 * 13 * 8);
         assert_eq!(size_of::<ConversationSide>(), 8 + 8 + 4 + 4);
         assert_eq!(size_of::<Conversation>(), 8 + 2 * 24);
         assert!(CONVERSATIONS_MAX.is_power_of_two());
         assert!(INTERFACE_SLOTS_MAX.is_power_of_two());
         assert_eq!(size_of::<FlowKey>(), 4 + 2 + 2 + 16 + 16 + 2 + 2);
-        assert_eq!(size_of::<FlowState>(), 16);
-        assert_eq!(size_of::<DropKey>(), 16);
+        assert_eq!(size_of::<FlowState>(), 8 + 4 + 4 + 4 + 4);
+        assert_eq!(size_of::<DropKey>(), 20);
+        assert_eq!(size_of::<ServiceKey>(), 2 + 2 + 16);
         assert_eq!(size_of::<RetransmitKey>(), 4 + 2 + 2 + 16);
         assert_eq!(size_of::<PodAddress>(), 2 + 2 + 16);
         assert_eq!(size_of::<ProcessEvent>(), 8 + 4 * 4 + COMM_LEN + 4 + 4);

@@ -5,6 +5,10 @@
 //! of the pod's veth, with the device in `via`. Drops on a pod's own veth stay the pod's,
 //! whatever their destination.
 //!
+//! A dropped TCP SYN to a service never seen answering (`monitor_common::SERVICES_MAP`)
+//! carries `DROP_TO_UNSEEN_SERVICE`: a firewalled port's or a scan's, not a lost packet of a
+//! flow that worked.
+//!
 //! rustc emits no CO-RE relocations, so the agent resolves kernel struct offsets from
 //! /sys/kernel/btf/vmlinux and hands them over as globals.
 
@@ -18,12 +22,12 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use monitor_common::{
-    AF_INET, AF_INET6, DROP_REASON_UNKNOWN, DROPS_MAX, DropKey, MAP_ERROR_DROPS_FULL, POD_ADDRESSES_MAX, POD_VETHS_MAX,
-    PodAddress, UPCALL_FAILED_REASON,
+    AF_INET, AF_INET6, DROP_REASON_UNKNOWN, DROP_TO_UNSEEN_SERVICE, DROPS_MAX, DropKey, MAP_ERROR_DROPS_FULL,
+    POD_ADDRESSES_MAX, POD_VETHS_MAX, PodAddress, ServiceKey, UPCALL_FAILED_REASON,
 };
 
 use crate::{
-    packets::count_map_error,
+    packets::{SERVICES, count_map_error},
     upcalls::{UpcallPart, at_upcall_site, upcall_part},
 };
 
@@ -114,43 +118,91 @@ fn record_drop(skb: *const u8, mut reason: u32, location: u64) {
         }
     }
     let (netns, ifindex) = device.unwrap_or((0, 0));
-    let key = match pod_destination(skb, netns, ifindex) {
-        Some(veth) => DropKey { netns, ifindex: veth, reason, via: ifindex },
-        None => DropKey { netns, ifindex, reason, via: 0 },
+    let packet = network_header(skb);
+    let flags = match packet {
+        Some((family, ip)) if syn_to_unseen_service(family, ip) => DROP_TO_UNSEEN_SERVICE,
+        _ => 0,
+    };
+    let key = match packet.and_then(|(family, ip)| pod_destination(family, ip, netns, ifindex)) {
+        Some(veth) => DropKey { netns, ifindex: veth, reason, via: ifindex, flags },
+        None => DropKey { netns, ifindex, reason, via: 0, flags },
     };
     record_drop_on(key);
 }
 
-/// The host-side veth of the pod a packet dropped on host device (`netns`, `ifindex`) was
-/// addressed to; None for drops outside the host's netns, on pod veths, or not for a pod.
-fn pod_destination(skb: *const u8, netns: u32, ifindex: u32) -> Option<u32> {
-    let host = global(&HOST_NETNS);
-    // SAFETY: plain lookups; the maps hold plain data.
-    if host == 0 || netns != host || unsafe { POD_VETHS.get(ifindex) }.is_some() {
-        return None;
-    }
-    let mut key = PodAddress::default();
+/// The packet's family and its network header, when it is IPv4 or IPv6 and the header is set.
+fn network_header(skb: *const u8) -> Option<(u16, *const u8)> {
     // SAFETY: bpf_probe_read_kernel checks the addresses; offsets come from the kernel's BTF.
     unsafe {
-        let protocol: u16 = bpf_probe_read_kernel(skb.add(global(&SKB_PROTOCOL_OFFSET) as usize).cast()).ok()?;
+        let family = match u16::from_be(protocol_of(skb)) {
+            0x0800 => AF_INET,
+            0x86dd => AF_INET6,
+            _ => return None,
+        };
         let head: *const u8 = bpf_probe_read_kernel(skb.add(global(&SKB_HEAD_OFFSET) as usize).cast()).ok()?;
         let network: u16 = bpf_probe_read_kernel(skb.add(global(&SKB_NETWORK_HEADER_OFFSET) as usize).cast()).ok()?;
         // An unset network header is all ones.
         if head.is_null() || network == u16::MAX {
             return None;
         }
-        let ip = head.add(usize::from(network));
-        match u16::from_be(protocol) {
-            0x0800 => {
-                key.family = AF_INET;
-                let daddr: [u8; 4] = bpf_probe_read_kernel(ip.add(16).cast()).ok()?;
-                key.addr[..4].copy_from_slice(&daddr);
+        Some((family, head.add(usize::from(network))))
+    }
+}
+
+const IPPROTO_TCP: u8 = 6;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
+
+/// Whether the packet at `ip` is a TCP SYN (without ACK) to a service not in SERVICES. IPv6
+/// extension headers are not followed (such a packet counts as seen).
+fn syn_to_unseen_service(family: u16, ip: *const u8) -> bool {
+    let mut service = ServiceKey { family, ..ServiceKey::default() };
+    // SAFETY: bpf_probe_read_kernel checks the addresses.
+    let tcp = unsafe {
+        if family == AF_INET {
+            // Version and IHL, ..., protocol at 9, destination at 16.
+            let Ok(header) = bpf_probe_read_kernel(ip.cast::<[u8; 20]>()) else { return false };
+            if header[9] != IPPROTO_TCP || u16::from_be_bytes([header[6], header[7]]) & 0x1fff != 0 {
+                return false;
             }
-            0x86dd => {
-                key.family = AF_INET6;
-                key.addr = bpf_probe_read_kernel(ip.add(24).cast()).ok()?;
+            service.addr[..4].copy_from_slice(&header[16..20]);
+            ip.add(usize::from(header[0] & 0x0f) * 4)
+        } else {
+            let Ok(next) = bpf_probe_read_kernel(ip.add(6)) else { return false };
+            if next != IPPROTO_TCP {
+                return false;
             }
-            _ => return None,
+            let Ok(daddr) = bpf_probe_read_kernel(ip.add(24).cast::<[u8; 16]>()) else { return false };
+            service.addr = daddr;
+            ip.add(40)
+        }
+    };
+    // SAFETY: as above: ports (4 bytes), sequence and acknowledgment numbers, offset, flags.
+    let Ok(header) = (unsafe { bpf_probe_read_kernel(tcp.cast::<[u8; 14]>()) }) else { return false };
+    if header[13] & (TCP_SYN | TCP_ACK) != TCP_SYN {
+        return false;
+    }
+    service.port = u16::from_ne_bytes([header[2], header[3]]);
+    // SAFETY: a plain lookup; the value is plain data.
+    unsafe { SERVICES.get(service) }.is_none()
+}
+
+/// The host-side veth of the pod a packet dropped on host device (`netns`, `ifindex`) was
+/// addressed to; None for drops outside the host's netns, on pod veths, or not for a pod.
+fn pod_destination(family: u16, ip: *const u8, netns: u32, ifindex: u32) -> Option<u32> {
+    let host = global(&HOST_NETNS);
+    // SAFETY: plain lookups; the maps hold plain data.
+    if host == 0 || netns != host || unsafe { POD_VETHS.get(ifindex) }.is_some() {
+        return None;
+    }
+    let mut key = PodAddress { family, ..PodAddress::default() };
+    // SAFETY: bpf_probe_read_kernel checks the addresses.
+    unsafe {
+        if family == AF_INET {
+            let daddr: [u8; 4] = bpf_probe_read_kernel(ip.add(16).cast()).ok()?;
+            key.addr[..4].copy_from_slice(&daddr);
+        } else {
+            key.addr = bpf_probe_read_kernel(ip.add(24).cast()).ok()?;
         }
         POD_ADDRESSES.get(key).copied().filter(|veth| *veth != ifindex)
     }

@@ -14,9 +14,10 @@ use aya_ebpf::{
 };
 use monitor_common::{
     AF_INET, AF_INET6, CONVERSATION_NS, CONVERSATIONS_MAX, Conversation, ConversationSide, DirectionCounters,
-    FLOW_TABLE_INSERTED, FLOW_TABLE_REMOVED, FLOW_TABLE_SLOTS, FLOWS_MAX, FlowKey, FlowState, INTERFACE_COUNTERS_MAX,
-    INTERFACE_SLOTS_MAX, InterfaceCounters, InterfaceSlot, MAP_ERROR_FLOWS_INSERT, MAP_ERROR_INTERFACE_INSERT,
-    MAP_ERROR_SLOTS, STRETCH_COUNTED, STRETCH_EXPECTS_ANSWER, SYN_RETRANSMIT_WINDOW_NS, UNANSWERED_AFTER_NS,
+    FLOW_TABLE_INSERTED, FLOW_TABLE_REMOVED, FLOW_TABLE_SLOTS, FLOW_TO_UNSEEN_SERVICE, FLOWS_MAX, FlowKey, FlowState,
+    INTERFACE_COUNTERS_MAX, INTERFACE_SLOTS_MAX, InterfaceCounters, InterfaceSlot, MAP_ERROR_FLOWS_INSERT,
+    MAP_ERROR_INTERFACE_INSERT, MAP_ERROR_SERVICES_INSERT, MAP_ERROR_SLOTS, SERVICES_MAX, STRETCH_COUNTED,
+    STRETCH_EXPECTS_ANSWER, SYN_RETRANSMIT_WINDOW_NS, ServiceKey, UNANSWERED_AFTER_NS,
 };
 
 #[map(name = "INTERFACE_COUNTERS")]
@@ -28,6 +29,11 @@ static INTERFACE_SLOTS: PerCpuArray<InterfaceSlot> = PerCpuArray::with_max_entri
 
 #[map(name = "FLOWS")]
 static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(FLOWS_MAX, 0);
+
+/// TCP services seen answering a handshake (see `monitor_common::ServiceKey`); read by the
+/// drop tracer too.
+#[map(name = "SERVICES")]
+pub(crate) static SERVICES: LruHashMap<ServiceKey, u64> = LruHashMap::with_max_entries(SERVICES_MAX, 0);
 
 #[map(name = "FLOW_TABLE")]
 static FLOW_TABLE: PerCpuArray<u64> = PerCpuArray::with_max_entries(FLOW_TABLE_SLOTS, 0);
@@ -361,9 +367,21 @@ fn handshake(
     }
     if flags & TCP_RST != 0 || flags & TCP_ACK != 0 {
         // A SYN-ACK or a reset answers the handshake the other direction started.
-        if FLOWS.remove(reversed(&key)).is_ok() {
+        let reversed = reversed(&key);
+        // SAFETY: a plain lookup; the value is plain data.
+        let unseen = unsafe { FLOWS.get(reversed) }.map(|state| state.flags & FLOW_TO_UNSEEN_SERVICE != 0);
+        if let Some(unseen) = unseen
+            && FLOWS.remove(reversed).is_ok()
+        {
             other.syns_answered += 1;
+            if unseen {
+                other.unseen_syns_answered += 1;
+            }
             count_flow_table(FLOW_TABLE_REMOVED);
+        }
+        if flags & TCP_RST == 0 {
+            // A SYN-ACK: its sender is a service that works.
+            service_answered(&key);
         }
     } else {
         syn_seen(&key, u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]), this);
@@ -379,22 +397,66 @@ fn syn_seen(key: &FlowKey, seq: u32, direction: &mut DirectionCounters) {
         let state = unsafe { &mut *state };
         if state.syn_seq == seq && now.wrapping_sub(state.last_syn_ns) < SYN_RETRANSMIT_WINDOW_NS {
             direction.syn_retransmits += 1;
+            if state.flags & FLOW_TO_UNSEEN_SERVICE != 0 {
+                direction.unseen_syn_retransmits += 1;
+            }
             state.syns += 1;
         } else {
             // The same ports again with a new sequence number: a new handshake.
-            direction.syns += 1;
+            state.flags = service_flags(key);
+            count_syn(direction, state.flags);
             state.syn_seq = seq;
             state.syns = 1;
         }
         state.last_syn_ns = now;
         return;
     }
-    direction.syns += 1;
-    let state = FlowState { last_syn_ns: now, syn_seq: seq, syns: 1 };
+    let flags = service_flags(key);
+    count_syn(direction, flags);
+    let state = FlowState { last_syn_ns: now, syn_seq: seq, syns: 1, flags, _pad: 0 };
     if FLOWS.insert(key, state, 0).is_err() {
         count_map_error(MAP_ERROR_FLOWS_INSERT);
     } else {
         count_flow_table(FLOW_TABLE_INSERTED);
+    }
+}
+
+#[inline(always)]
+fn count_syn(direction: &mut DirectionCounters, flags: u32) {
+    direction.syns += 1;
+    if flags & FLOW_TO_UNSEEN_SERVICE != 0 {
+        direction.unseen_syns += 1;
+    }
+}
+
+/// The service a SYN of `key` goes to, as [`ServiceKey`].
+#[inline(always)]
+fn service_of(family: u16, addr: &[u8; 16], port: u16) -> ServiceKey {
+    ServiceKey { family, port, addr: *addr }
+}
+
+/// [`FLOW_TO_UNSEEN_SERVICE`] when the SYN's destination never answered a handshake.
+#[inline(always)]
+fn service_flags(key: &FlowKey) -> u32 {
+    let service = service_of(key.family, &key.daddr, key.dport);
+    // SAFETY: a plain lookup; the value is plain data.
+    if unsafe { SERVICES.get(service) }.is_some() { 0 } else { FLOW_TO_UNSEEN_SERVICE }
+}
+
+/// A SYN-ACK from `key`'s source: that service works. A lookup first: most SYN-ACKs come from
+/// services already known, and an LRU update costs more than a lookup.
+#[inline(always)]
+fn service_answered(key: &FlowKey) {
+    let service = service_of(key.family, &key.saddr, key.sport);
+    // SAFETY: bpf_ktime_get_ns has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(seen) = SERVICES.get_ptr_mut(service) {
+        // SAFETY: a plain u64; a racing writer only moves the time.
+        unsafe { *seen = now };
+        return;
+    }
+    if SERVICES.insert(service, now, 0).is_err() {
+        count_map_error(MAP_ERROR_SERVICES_INSERT);
     }
 }
 

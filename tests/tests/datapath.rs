@@ -165,8 +165,16 @@ fn syn_retransmits_into_a_drop_rule_are_counted_and_healthy_connects_are_not() -
     host.exec(&["iptables", "-A", "INPUT", "-p", "tcp", "--dport", "7777", "-j", "DROP"])?;
     let agent = Agent::start(&host, &[])?;
     let interface = [("interface", pod.veth.as_str())];
+    let ingress = [("interface", pod.veth.as_str()), ("direction", "ingress")];
+    let handshakes = |m: &Metrics| {
+        (
+            m.value("datapath_tcp_handshakes_total", &ingress),
+            m.value("datapath_tcp_handshakes_unseen_service_total", &ingress),
+        )
+    };
 
-    // Healthy: a listener answers; no retransmit.
+    // Healthy: a listener answers; no retransmit. Only the first handshake goes to a service
+    // not seen answering yet: its SYN-ACK makes the service known.
     let listener = host.run(|| TcpListener::bind("0.0.0.0:7000"))??;
     let healthy = addr(&pod.host_ip, 7000);
     pod.ns.run(move || {
@@ -175,21 +183,21 @@ fn syn_retransmits_into_a_drop_rule_are_counted_and_healthy_connects_are_not() -
             drop(stream);
         }
     })?;
-    let ingress = [("interface", pod.veth.as_str()), ("direction", "ingress")];
     agent.wait_metrics("handshake packets", |m| m.value("datapath_packets_total", &ingress) >= 6.0)?;
     settle();
     let m = agent.metrics()?;
     assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &interface), 0.0, "{}", m.text);
+    assert_eq!(handshakes(&m), (3.0, 1.0), "handshakes, of which to an unseen service:\n{}", m.text);
 
     // Dropped: every SYN hits the DROP rule; all but the first are retransmits. How many
     // the kernel sends before giving up depends on its timeout policy (6.5+ starts with
     // linear timeouts), so the exact expectation comes from the drop count of the same SYNs.
+    // Port 7777 never answered: its drops are a filtered port's, `:unseen_service`.
     let dropped = addr(&pod.host_ip, 7777);
     let started = Instant::now();
     let outcome = pod.ns.run(move || connect_with_syn_retries(dropped, 2).map(drop))?;
     ensure!(outcome.is_err(), "connect through a DROP rule should time out");
     eprintln!("connect gave up after {:?}", started.elapsed());
-    let netfilter = [("interface", pod.veth.as_str()), ("reason", "NETFILTER_DROP")];
     // The DROP rule's own packet counter is the exact number of SYNs.
     let syns = iptables_rule_packets(&host, "7777")?;
     assert!(syns >= 3, "at least the SYN and TCP_SYNCNT=2 retransmits, got {syns}");
@@ -199,17 +207,45 @@ fn syn_retransmits_into_a_drop_rule_are_counted_and_healthy_connects_are_not() -
     let m = agent.metrics()?;
     eprintln!("SYNs dropped by iptables (rule counter): {syns}");
     assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &interface), expected, "{}", m.text);
-    // The kernel skips a tracing program that would nest on one CPU and counts it as a
-    // recursion miss: the drop count is exact unless the kernel reports such misses.
+    assert_eq!(handshakes(&m), (4.0, 2.0), "{}", m.text);
+    let unseen = [("interface", pod.veth.as_str()), ("reason", "NETFILTER_DROP:unseen_service")];
+    let netfilter = [("interface", pod.veth.as_str()), ("reason", "NETFILTER_DROP")];
+    assert_drops_within_misses(&m, &unseen, syns)?;
+    assert_eq!(m.value("datapath_drops_total", &netfilter), 0.0, "{}", m.text);
+
+    // A service that answered, then filtered: its dropped SYNs are lost packets, plain
+    // NETFILTER_DROP, and the handshake is no unseen one.
+    let answering = host.run(|| TcpListener::bind("0.0.0.0:7778"))??;
+    let known = addr(&pod.host_ip, 7778);
+    pod.ns.run(move || connect_with_syn_retries(known, 1).map(drop))??;
+    host.exec(&["iptables", "-A", "INPUT", "-p", "tcp", "--dport", "7778", "-j", "DROP"])?;
+    let outcome = pod.ns.run(move || connect_with_syn_retries(known, 2).map(drop))?;
+    ensure!(outcome.is_err(), "connect through the new DROP rule should time out");
+    let known_syns = iptables_rule_packets(&host, "7778")?;
+    let expected = expected + (known_syns - 1) as f64;
+    agent.wait_metrics("retransmits", |m| m.value("datapath_tcp_syn_retransmits_total", &interface) >= expected)?;
+    settle();
+    let m = agent.metrics()?;
+    eprintln!("SYNs to the service that answered before, dropped (rule counter): {known_syns}");
+    assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &interface), expected, "{}", m.text);
+    assert_eq!(handshakes(&m), (6.0, 3.0), "{}", m.text);
+    assert_drops_within_misses(&m, &netfilter, known_syns)?;
+    assert_drops_within_misses(&m, &unseen, syns)?;
+    assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &[("interface", "other")]), 0.0);
+    drop((listener, answering));
+    Ok(())
+}
+
+/// The drops under `labels` are `packets` exactly, but for runs of the drop tracer the kernel
+/// skipped: it skips a tracing program that would nest on one CPU and counts a recursion miss.
+fn assert_drops_within_misses(m: &Metrics, labels: &[(&str, &str)], packets: u64) -> Result<()> {
     let misses = recursion_misses("kfree_skb_btf")?;
-    let drops = m.value("datapath_drops_total", &netfilter);
+    let drops = m.value("datapath_drops_total", labels);
     assert!(
-        drops <= syns as f64 && drops >= syns.saturating_sub(misses) as f64,
-        "NETFILTER_DROP {drops}, SYNs {syns}, kernel recursion misses {misses}:\n{}",
+        drops <= packets as f64 && drops >= packets.saturating_sub(misses) as f64,
+        "{labels:?}: {drops}, packets {packets}, kernel recursion misses {misses}:\n{}",
         m.text
     );
-    assert_eq!(m.value("datapath_tcp_syn_retransmits_total", &[("interface", "other")]), 0.0);
-    drop(listener);
     Ok(())
 }
 
@@ -573,6 +609,7 @@ fn metrics_are_valid_openmetrics_with_every_family() -> Result<()> {
         "datapath_tcp_retransmits",
         "datapath_tcp_handshakes",
         "datapath_tcp_handshakes_answered",
+        "datapath_tcp_handshakes_unseen_service",
         "datapath_unanswered_packets",
         "datapath_interfaces_attached",
         "datapath_tc_programs_removed",

@@ -24,15 +24,16 @@ use aya::programs::links::{FdLink, PinnedLink};
 use monitor_common::{
     CONVERSATIONS_MAP, DROP_BASELINES_MAP, DROPS_MAP, FLOW_TABLE_MAP, FLOWS_MAP, INTERFACE_COUNTERS_MAP,
     INTERFACE_SLOTS_MAP, MAP_ERRORS_MAP, POD_ADDRESSES_MAP, POD_VETHS_MAP, PROCESS_EVENTS_MAP, RETRANSMITS_MAP,
-    SDN_COMMS_MAP, UPCALL_CONFIG_MAP, UPCALL_INFLIGHT_MAP, UPCALL_SITE_MAP,
+    SDN_COMMS_MAP, SERVICES_MAP, UPCALL_CONFIG_MAP, UPCALL_INFLIGHT_MAP, UPCALL_SITE_MAP,
 };
 use tracing::{debug, info, warn};
 
 /// Every map of the kernel object but its globals (`.rodata`, set at load from this kernel).
-pub(super) const PINNED_MAPS: [&str; 16] = [
+pub(super) const PINNED_MAPS: [&str; 17] = [
     INTERFACE_COUNTERS_MAP,
     INTERFACE_SLOTS_MAP,
     FLOWS_MAP,
+    SERVICES_MAP,
     FLOW_TABLE_MAP,
     CONVERSATIONS_MAP,
     MAP_ERRORS_MAP,

@@ -9,7 +9,8 @@
 //! - the sample: `datapath_packets_total`, `datapath_bytes_total`, `datapath_group_packets_total`,
 //!   `datapath_tcp_resets_total`,
 //!   `datapath_tcp_syn_retransmits_total`, `datapath_tcp_retransmits_total`, `datapath_tcp_handshakes_total`,
-//!   `datapath_tcp_handshakes_answered_total`, `datapath_unanswered_packets_total`, `datapath_drops_total`,
+//!   `datapath_tcp_handshakes_answered_total`,
+//!   `datapath_tcp_handshakes_unseen_service_total`, `datapath_unanswered_packets_total`, `datapath_drops_total`,
 //!   `datapath_switch_unforwarded_packets_total`,
 //!   `datapath_interfaces_attached`, `datapath_bpf_program_runs_total`,
 //!   `datapath_bpf_program_run_seconds_total`, `datapath_probe_loaded`,
@@ -171,6 +172,12 @@ impl Collector for SampleCollector {
             "datapath_tcp_handshakes_answered",
             "TCP handshakes started in this direction that got a SYN-ACK or a reset.",
             per_direction(|c| c.syns_answered),
+        )?;
+        counter(
+            &mut encoder,
+            "datapath_tcp_handshakes_unseen_service",
+            "Of datapath_tcp_handshakes: those to a service (address and port) not seen answering a handshake before, a scan's or a filtered port's (benign-class evidence).",
+            per_direction(|c| c.unseen_syns),
         )?;
         counter(
             &mut encoder,

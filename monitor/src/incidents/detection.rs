@@ -5,9 +5,11 @@
 //!   handshakes left unanswered ([`Handshakes`]), and packets of conversations sending while
 //!   nothing comes back (counted by the kernel, see `monitor_common::Conversation`). It needs
 //!   no warm-up: an interface's baseline of it starts at zero.
-//! - **benign-class drops** ([`is_benign_reason`]: `OTHERHOST`, `NO_SOCKET`, `NOT_SPECIFIED`,
-//!   TCP state drops, ...) happen all the time on healthy nodes; they are evidence only above
-//!   a warm baseline (5 calm seconds).
+//! - **benign-class evidence**: drops whose reason healthy nodes see all the time
+//!   ([`is_benign_reason`]: `OTHERHOST`, `NO_SOCKET`, `NOT_SPECIFIED`, TCP state drops, ...),
+//!   and handshakes to services never seen answering one (a scan, a port filtered all along:
+//!   their SYNs left unanswered or retransmitted, their drops `…:unseen_service`). Flows that
+//!   never worked lose nothing; they are evidence only above a warm baseline (5 calm seconds).
 //!
 //! Each class has its own baseline: per-second counts in calm seconds, median and MAD over
 //! the last `baseline_seconds`. A disruption starts when a class's trailing second exceeds
@@ -25,7 +27,10 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::{EngineConfig, record::LostPackets};
-use crate::sampling::{sampler::InterfaceSeries, switches::UNFORWARDED_REASON};
+use crate::sampling::{
+    sampler::{InterfaceSeries, UNSEEN_SERVICE_SUFFIX},
+    switches::UNFORWARDED_REASON,
+};
 
 pub(super) const SECOND_NS: u64 = 1_000_000_000;
 /// TCP's initial retransmission timeout (`TCP_TIMEOUT_INIT`): a SYN is retransmitted no sooner.
@@ -69,6 +74,9 @@ pub fn is_benign_reason(reason: &str) -> bool {
             | UNFORWARDED_REASON
     ) || reason.starts_with("TCP_")
         || reason.starts_with("REASON_")
+        // A SYN to a service never seen answering, whatever dropped it: a scan, a port
+        // filtered all along.
+        || reason.ends_with(UNSEEN_SERVICE_SUFFIX)
 }
 
 /// One interface's evidence of lost packets, with the direction of what went unanswered.
@@ -124,6 +132,11 @@ pub(super) struct Counters {
     packets: [u64; 2],
     syns: [u64; 2],
     answered: [u64; 2],
+    /// Of `syns`, `answered` and `syn_retransmits`: handshakes to services not seen
+    /// answering before (see `monitor_common::ServiceKey`).
+    unseen_syns: [u64; 2],
+    unseen_answered: [u64; 2],
+    unseen_syn_retransmits: [u64; 2],
     unanswered: [u64; 2],
     unanswered_since_ns: u64,
     unanswered_last_ns: u64,
@@ -142,6 +155,9 @@ impl Counters {
             packets: both(|d| d.packets),
             syns: both(|d| d.syns),
             answered: both(|d| d.syns_answered),
+            unseen_syns: both(|d| d.unseen_syns),
+            unseen_answered: both(|d| d.unseen_syns_answered),
+            unseen_syn_retransmits: both(|d| d.unseen_syn_retransmits),
             unanswered: both(|d| d.unanswered),
             unanswered_since_ns: c.ingress.unanswered_since_ns.max(c.egress.unanswered_since_ns),
             unanswered_last_ns: c.ingress.unanswered_last_ns.max(c.egress.unanswered_last_ns),
@@ -166,10 +182,21 @@ impl Counters {
             packets: pair(self.packets, earlier.packets),
             syns: pair(self.syns, earlier.syns),
             answered: pair(self.answered, earlier.answered),
+            unseen_syns: pair(self.unseen_syns, earlier.unseen_syns),
+            unseen_answered: pair(self.unseen_answered, earlier.unseen_answered),
+            unseen_syn_retransmits: pair(self.unseen_syn_retransmits, earlier.unseen_syn_retransmits),
             unanswered: pair(self.unanswered, earlier.unanswered),
             unanswered_since_ns: self.unanswered_since_ns,
             unanswered_last_ns: self.unanswered_last_ns,
         }
+    }
+
+    fn seen_syns(&self) -> [u64; 2] {
+        [0, 1].map(|d| self.syns[d].saturating_sub(self.unseen_syns[d]))
+    }
+
+    fn seen_answered(&self) -> [u64; 2] {
+        [0, 1].map(|d| self.answered[d].saturating_sub(self.unseen_answered[d]))
     }
 
     pub(super) fn add(&mut self, other: &Counters) {
@@ -196,9 +223,9 @@ pub(super) struct Handshakes {
 
 impl Handshakes {
     /// Unanswered SYNs found at this sample by direction, and the sample interval they were
-    /// sent in.
-    fn observe(&mut self, now_ns: u64, counters: &Counters) -> ([u64; 2], Option<(u64, u64)>) {
-        let outstanding = [0, 1].map(|d| counters.syns[d].saturating_sub(counters.answered[d]));
+    /// sent in, from the cumulative handshakes started and answered per direction.
+    fn observe(&mut self, now_ns: u64, syns: [u64; 2], answered: [u64; 2]) -> ([u64; 2], Option<(u64, u64)>) {
+        let outstanding = [0, 1].map(|d| syns[d].saturating_sub(answered[d]));
         self.recent.push_back((now_ns, outstanding));
         while self.recent.len() > 4 {
             self.recent.pop_front();
@@ -386,7 +413,10 @@ pub(super) struct InterfaceState {
     window: VecDeque<SampleInterval>,
     loss_baseline: Baseline,
     benign_baseline: Baseline,
+    /// Handshakes to services seen answering before (loss evidence when unanswered), and to
+    /// others (benign-class: a scan, a port filtered all along).
     handshakes: Handshakes,
+    unseen_handshakes: Handshakes,
     activity: [Activity; 2],
     pub(super) disruption: Option<Disruption>,
 }
@@ -395,7 +425,9 @@ impl InterfaceState {
     pub(super) fn new(series: &InterfaceSeries, now_ns: u64) -> Self {
         let last = Counters::from_series(series);
         let mut handshakes = Handshakes::default();
-        handshakes.observe(now_ns, &last);
+        handshakes.observe(now_ns, last.seen_syns(), last.seen_answered());
+        let mut unseen_handshakes = Handshakes::default();
+        unseen_handshakes.observe(now_ns, last.unseen_syns, last.unseen_answered);
         Self {
             name: series.interface.clone(),
             pod_namespace: series.pod_namespace.clone(),
@@ -407,6 +439,7 @@ impl InterfaceState {
             loss_baseline: Baseline::new(now_ns),
             benign_baseline: Baseline::new(now_ns),
             handshakes,
+            unseen_handshakes,
             activity: Default::default(),
             disruption: None,
         }
@@ -441,11 +474,17 @@ impl InterfaceState {
         let dt_s = (now_ns - prev_ns) as f64 / 1e9;
 
         // This interval's evidence.
-        let (unanswered_syns, syn_sent_in) = self.handshakes.observe(now_ns, &current);
+        let (unanswered_syns, syn_sent_in) =
+            self.handshakes.observe(now_ns, current.seen_syns(), current.seen_answered());
+        let (unseen_unanswered, unseen_sent_in) =
+            self.unseen_handshakes.observe(now_ns, current.unseen_syns, current.unseen_answered);
+        let unseen_retransmits = delta.unseen_syn_retransmits;
+        let seen_retransmits = [0, 1].map(|d| delta.syn_retransmits[d].saturating_sub(unseen_retransmits[d]));
         let unanswered_flows = delta.unanswered[0] + delta.unanswered[1];
-        let unanswered = [0, 1].map(|d| delta.unanswered[d] + unanswered_syns[d]);
+        let mut unanswered = [0, 1].map(|d| delta.unanswered[d] + unanswered_syns[d]);
+        let mut syn_retransmits = seen_retransmits;
         let mut lost = LostPackets {
-            retransmitted: delta.syn + delta.data_retransmits,
+            retransmitted: seen_retransmits[0] + seen_retransmits[1] + delta.data_retransmits,
             unanswered: unanswered[0] + unanswered[1],
             ..LostPackets::default()
         };
@@ -457,7 +496,9 @@ impl InterfaceState {
                 lost.dropped.insert(reason.clone(), *n);
             }
         }
-        let benign: u64 = benign_drops.values().sum();
+        // Handshakes to services never seen answering are benign-class evidence too.
+        let unseen = unseen_unanswered[0] + unseen_unanswered[1] + unseen_retransmits[0] + unseen_retransmits[1];
+        let benign: u64 = benign_drops.values().sum::<u64>() + unseen;
         let loss = lost.evidence();
         let packets = delta.packets[0] + delta.packets[1];
         let benign_above = self.benign_baseline.warm()
@@ -467,7 +508,14 @@ impl InterfaceState {
             for (reason, n) in benign_drops {
                 *lost.dropped.entry(reason).or_default() += n;
             }
+            for d in 0..2 {
+                unanswered[d] += unseen_unanswered[d];
+                syn_retransmits[d] += unseen_retransmits[d];
+            }
+            lost.unanswered += unseen_unanswered[0] + unseen_unanswered[1];
+            lost.retransmitted += unseen_retransmits[0] + unseen_retransmits[1];
         }
+        let syn_retransmitted = syn_retransmits[0] + syn_retransmits[1];
         // When the lost packets this interval shows were sent, as (earliest, latest): the
         // kernel's times for unanswered packets; the interval's midpoint (the least worst-case
         // error) for drops and for SYNs left unanswered, the one before for a switch's
@@ -494,7 +542,7 @@ impl InterfaceState {
             let at = mid(prev_ns, now_ns).saturating_sub(NEIGH_RETRANS_NS);
             times.push((at, at));
         }
-        if delta.syn > 0 {
+        if syn_retransmitted > 0 {
             let at = mid(prev_ns, now_ns).saturating_sub(TCP_SYN_TIMEOUT_NS);
             times.push((at, at));
         }
@@ -502,7 +550,8 @@ impl InterfaceState {
             let at = mid(prev_ns, now_ns).saturating_sub(TCP_RTO_MIN_NS);
             times.push((at, at));
         }
-        if let Some((from, to)) = syn_sent_in {
+        let unseen_sent_in = unseen_sent_in.filter(|_| benign_above);
+        for (from, to) in syn_sent_in.into_iter().chain(unseen_sent_in) {
             let at = mid(from, to);
             times.push((at, at));
         }
@@ -526,7 +575,7 @@ impl InterfaceState {
         let last_evidence_ns = times.iter().map(|(_, last)| *last).max();
 
         let before = std::mem::replace(&mut self.last, current.clone());
-        let evidence = Evidence { lost, unanswered, syn_retransmits: delta.syn_retransmits };
+        let evidence = Evidence { lost, unanswered, syn_retransmits };
         self.window.push_back(SampleInterval {
             at_ns: now_ns,
             loss,

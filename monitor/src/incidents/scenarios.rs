@@ -46,6 +46,8 @@ struct Rates {
     syns: u64,
     answered: u64,
     syn_retransmits: u64,
+    /// Handshakes per second (from the pod) to services never seen answering, unanswered.
+    unseen_syns: u64,
     /// TCP data segments retransmitted per second.
     data_retransmits: u64,
 }
@@ -61,6 +63,7 @@ struct Totals {
     syns: f64,
     answered: f64,
     syn_retransmits: f64,
+    unseen_syns: f64,
     data_retransmits: f64,
 }
 
@@ -127,6 +130,7 @@ impl Sim {
                         total.syns += per_tick(r.syns);
                         total.answered += per_tick(r.answered);
                         total.syn_retransmits += per_tick(r.syn_retransmits);
+                        total.unseen_syns += per_tick(r.unseen_syns);
                         total.data_retransmits += per_tick(r.data_retransmits);
                     }
                     let drops = total
@@ -146,9 +150,10 @@ impl Sim {
                                 unanswered: total.unanswered as u64,
                                 unanswered_since_ns: total.unanswered_since_ns,
                                 unanswered_last_ns: total.unanswered_last_ns,
-                                syns: total.syns as u64,
+                                syns: (total.syns + total.unseen_syns) as u64,
                                 syns_answered: total.answered as u64,
                                 syn_retransmits: total.syn_retransmits as u64,
+                                unseen_syns: total.unseen_syns as u64,
                                 ..Default::default()
                             },
                             egress: DirectionCounters {
@@ -385,6 +390,50 @@ fn steady_benign_drops_are_absorbed_by_the_baseline() {
         Rates { interface: "br0", from: 0.0, to: 60.0, drops: 30, packets_in: 20, packets_out: 20, ..Rates::default() };
     sim.run(&["br0"], &[benign], 0.0, 60.0);
     assert!(sim.engine.incidents().is_empty(), "{:#?}", sim.engine.incidents());
+}
+
+/// A scan of ports a pod filters, from before the agent started: 10 SYNs a second to services
+/// never seen answering, each dropped by netfilter and left unanswered.
+fn scan(from: f64, to: f64) -> [Rates; 2] {
+    let client = Rates { interface: "veth0001", from, to, unseen_syns: 10, packets_in: 10, ..Rates::default() };
+    let web =
+        Rates { drops: 10, reason: "NETFILTER_DROP:unseen_service", packets_out: 10, ..burst("veth0002", from, to, 0) };
+    [client, web]
+}
+
+#[test]
+fn a_steady_scan_of_filtered_ports_is_no_incident_across_a_cni_flap() {
+    let mut sim = Sim::new();
+    sim.event(30.0, EventKind::CniConfigRemoved, "/etc/cni/net.d/80-openshift-network.conf", "deleted");
+    sim.event(45.0, EventKind::CniConfigAdded, "/etc/cni/net.d/80-openshift-network.conf", "written");
+    let [client, web] = scan(0.0, 90.0);
+    let rates = [steady("veth0001", 90.0), steady("veth0002", 90.0), client, web];
+    sim.run(&["veth0001", "veth0002"], &rates, 0.0, 90.0);
+    assert!(sim.engine.incidents().is_empty(), "{:#?}", sim.engine.incidents());
+
+    // The same SYNs and drops to a service that answered before are lost packets.
+    let mut sim = Sim::new();
+    let client = Rates { interface: "veth0001", from: 30.0, to: 40.0, syns: 10, packets_in: 10, ..Rates::default() };
+    let web = Rates { drops: 10, reason: "NETFILTER_DROP", packets_out: 10, ..burst("veth0002", 30.0, 40.0, 0) };
+    let rates = [steady("veth0001", 90.0), steady("veth0002", 90.0), client, web];
+    sim.run(&["veth0001", "veth0002"], &rates, 0.0, 90.0);
+    let incidents = sim.engine.incidents();
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    assert!((incidents[0].duration_seconds - 10.0).abs() <= 1.0, "{}", incidents[0].duration_seconds);
+}
+
+#[test]
+fn a_scan_that_starts_mid_run_is_benign_evidence_above_its_baseline() {
+    // 10 s of calm, then the scan: benign-class evidence over a baseline of zero opens an
+    // incident (a port scan is news); its lost packets are the scan's.
+    let mut sim = Sim::new();
+    let [client, web] = scan(20.0, 30.0);
+    let rates = [steady("veth0001", 60.0), steady("veth0002", 60.0), client, web];
+    sim.run(&["veth0001", "veth0002"], &rates, 0.0, 60.0);
+    let incidents = sim.engine.incidents();
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    let web = incidents[0].interfaces.iter().find(|i| i.interface == "veth0002").expect("the web pod's veth");
+    assert_eq!(web.drop_reasons.get("NETFILTER_DROP:unseen_service"), Some(&100), "{web:#?}");
 }
 
 #[test]

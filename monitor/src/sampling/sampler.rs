@@ -469,8 +469,7 @@ impl Sampler {
             if owned.contains(&(u64::from(key.netns), key.ifindex))
                 && let Some(baseline) = self.attribution.baselines.remove(key)
             {
-                *self.other_carried.entry(reason_name(&self.reason_names, key.reason)).or_default() +=
-                    baseline.min(*count);
+                *self.other_carried.entry(drop_name(&self.reason_names, key)).or_default() += baseline.min(*count);
             }
         }
         self.datapath.forget_drops(|key| owned.contains(&(u64::from(key.netns), key.ifindex)));
@@ -494,7 +493,7 @@ impl Sampler {
         for (key, count) in kernel_drops {
             if self.attribution.owners.get(&(u64::from(key.netns), key.ifindex)) == Some(&link.ifindex) {
                 let since_watched = count.saturating_sub(self.attribution.baselines.get(key).copied().unwrap_or(0));
-                *drops.entry(reason_name(&self.reason_names, key.reason)).or_default() += since_watched;
+                *drops.entry(drop_name(&self.reason_names, key)).or_default() += since_watched;
             }
         }
         let pod = self.pod_of(link).unwrap_or_default();
@@ -567,7 +566,7 @@ impl Sampler {
             let owned = self.attribution.owners.contains_key(&(u64::from(key.netns), key.ifindex));
             let other = if owned { self.attribution.baselines.get(key).copied().unwrap_or(0) } else { *count };
             if other > 0 {
-                *other_drops.entry(reason_name(&self.reason_names, key.reason)).or_default() += other;
+                *other_drops.entry(drop_name(&self.reason_names, key)).or_default() += other;
             }
         }
         let (drops_removed, retransmits_removed) =
@@ -614,7 +613,7 @@ impl Sampler {
         let idle = self.idle_drops.observe(now, drops, |key| !owned.contains_key(&(u64::from(key.netns), key.ifindex)));
         if !idle.is_empty() {
             for (key, count) in &idle {
-                *self.other_carried.entry(reason_name(&self.reason_names, key.reason)).or_default() += count;
+                *self.other_carried.entry(drop_name(&self.reason_names, key)).or_default() += count;
             }
             let keys: HashSet<DropKey> = idle.iter().map(|(key, _)| *key).collect();
             self.datapath.forget_drops(|key| keys.contains(key));
@@ -656,8 +655,20 @@ pub fn map_error_name(slot: usize) -> Option<&'static str> {
         monitor_common::MAP_ERROR_PROCESS_EVENTS => Some("process_events"),
         monitor_common::MAP_ERROR_RETRANSMITS => Some("retransmits"),
         monitor_common::MAP_ERROR_POD_ADDRESSES => Some("pod_addresses"),
+        monitor_common::MAP_ERROR_SERVICES_INSERT => Some("services"),
         _ => None,
     }
+}
+
+/// Appended to the reason of a dropped TCP SYN to a service never seen answering a handshake
+/// (`monitor_common::DROP_TO_UNSEEN_SERVICE`): `NETFILTER_DROP:unseen_service` is a firewall
+/// dropping a scan or a port closed all along, benign-class evidence.
+pub const UNSEEN_SERVICE_SUFFIX: &str = ":unseen_service";
+
+/// The name of a drop entry's reason, with [`UNSEEN_SERVICE_SUFFIX`] when it carries that flag.
+fn drop_name(names: &BTreeMap<u32, String>, key: &DropKey) -> String {
+    let name = reason_name(names, key.reason);
+    if key.flags & monitor_common::DROP_TO_UNSEEN_SERVICE != 0 { name + UNSEEN_SERVICE_SUFFIX } else { name }
 }
 
 fn reason_name(names: &BTreeMap<u32, String>, reason: u32) -> String {
