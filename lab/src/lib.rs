@@ -19,6 +19,7 @@ mod node;
 pub mod noise;
 pub mod plan;
 pub mod probe_log;
+pub mod roles;
 mod scenarios;
 pub mod sdn;
 pub mod soak;
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 pub use plan::{FaultPlan, StopSignal};
 pub use probe_log::{LossWindow, Outage, Probe};
+pub use roles::Roles;
 
 /// The lab root: CNI dirs, OVS dirs, pid files, logs, state file.
 pub const ROOT: &str = "/run/dm-lab";
@@ -216,6 +218,9 @@ pub struct Lab {
     /// How often the prober probes, in milliseconds (labs built before it was a choice: 1 s).
     #[serde(default = "default_probe_period_ms")]
     pub probe_period_ms: u64,
+    /// Which pods the prober and the UDP stream use (labs from before: the defaults).
+    #[serde(default)]
+    pub roles: Roles,
 }
 
 /// The prober's period unless told otherwise: kubelet's default for readiness probes.

@@ -15,8 +15,8 @@ use jiff::Timestamp;
 use nix::sys::signal::Signal;
 
 use crate::{
-    BRIDGE, Datapath, GATEWAY, HEALTHZ_PORT, Lab, LabOptions, LabPod, NETNS_PREFIX, NODE_NETNS, PREFIX, Probe, ROOT,
-    TUN, UDP_PORT, UDP_RATE, cni, datapath,
+    BRIDGE, Datapath, GATEWAY, Lab, LabOptions, LabPod, NETNS_PREFIX, NODE_NETNS, PREFIX, Probe, ROOT, TUN, cni,
+    datapath,
     probe_log::{self, UdpSecond},
     sdn,
     sys::{self, Daemon, OvsDirs},
@@ -107,6 +107,7 @@ impl Lab {
             created: Timestamp::now(),
             datapath,
             probe_period_ms: crate::DEFAULT_PROBE_PERIOD.as_millis() as u64,
+            roles: crate::Roles::default(),
         }
     }
 
@@ -293,17 +294,8 @@ impl Lab {
         fs::write(self.state_file(), serde_json::to_string_pretty(self)?)
             .with_context(|| format!("writing {}", self.state_file().display()))?;
 
-        // The daemons: the apiserver's /healthz, UDP echo, the sdn, the UDP client, the prober.
-        let apiserver = self.pod("apiserver").context("no apiserver pod")?;
-        let web = self.pod("web").context("no web pod")?;
-        let client = self.pod("client").context("no client pod")?;
-        self.spawn(
-            "serve-healthz",
-            &apiserver.netns,
-            &self.bin,
-            &["serve-healthz", "--port", &HEALTHZ_PORT.to_string()],
-        )?;
-        self.spawn("udp-echo", &web.netns, &self.bin, &["udp-echo", "--port", &UDP_PORT.to_string()])?;
+        // The daemons: the probed pod's /healthz, the UDP echo, the sdn, the UDP client, the prober.
+        self.start_servers()?;
         let sdn = self.start_sdn(&[])?;
         let comm = sys::comm(sdn).unwrap_or_default();
         if comm != "openshift-sdn-n" {
@@ -318,59 +310,7 @@ impl Lab {
                 )
             },
         )?;
-        let target = format!("{}:{UDP_PORT}", web.ip);
-        self.spawn(
-            "udp-client",
-            &client.netns,
-            &self.bin,
-            &[
-                "udp-client",
-                "--target",
-                &target,
-                "--rate",
-                &UDP_RATE.to_string(),
-                "--log",
-                &self.udp_log().to_string_lossy(),
-            ],
-        )?;
-        let url = format!("http://{}:{HEALTHZ_PORT}/healthz", apiserver.ip);
-        let since = Timestamp::now();
-        let period = format!("{}ms", self.probe_period_ms);
-        self.spawn(
-            "prober",
-            NODE_NETNS,
-            &self.bin,
-            &[
-                "prober",
-                "--url",
-                &url,
-                "--period",
-                &period,
-                "--timeout",
-                "1s",
-                "--log",
-                &self.prober_log().to_string_lossy(),
-            ],
-        )?;
-
-        // End to end: TCP from the node to the apiserver pod, UDP between the pods.
-        let probed = sys::wait_for(Duration::from_secs(20), || {
-            self.probes(Some(since)).ok().filter(|probes| probes.iter().any(|probe| probe.ok))
-        });
-        if probed.is_none() {
-            let last = self.probes(Some(since)).ok().and_then(|probes| probes.last().cloned());
-            bail!(
-                "the prober did not reach {url} within 20 s (last probe: {}); flows on {BRIDGE}: {}; prober log:\n{}",
-                last.map_or("none".to_string(), |probe| probe.error.unwrap_or_else(|| "ok".into())),
-                sdn::count_flows(&self.ovs()).map_or_else(|error| format!("unknown ({error:#})"), |n| n.to_string()),
-                sys::tail(&self.logs_dir().join("prober.log"), 5)
-            );
-        }
-        sys::wait_for(Duration::from_secs(10), || {
-            let seconds = probe_log::parse_udp(&fs::read_to_string(self.udp_log()).unwrap_or_default());
-            seconds.iter().any(|second| second.at >= since && second.received > 0).then_some(())
-        })
-        .with_context(|| format!("no UDP echo from {target} to the client pod within 10 s"))?;
+        self.start_clients()?;
         self.check_datapath()?;
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! ground truth; the soak's record; the statistics the report uses.
 
 use dm_lab::{
-    FaultPlan, LossWindow, Outage, Scenario,
+    FaultPlan, LossWindow, Outage, Roles, Scenario,
     probe_log::{self, UdpSecond, seconds_between},
 };
 use jiff::{SignedDuration, Timestamp};
@@ -147,6 +147,8 @@ pub struct RunRecord {
     pub repeat: u32,
     /// How the fault was shaped, drawn from the eval's seed.
     pub plan: FaultPlan,
+    /// Which pods carried the probe and the UDP stream, drawn from the seed too.
+    pub roles: Roles,
     /// The pods that lost traffic in truth (`namespace/pod`).
     pub truth_pods: Vec<String>,
     pub agent_ready: Timestamp,
@@ -399,6 +401,7 @@ pub(super) mod fixtures {
             scenario,
             repeat: 1,
             plan: FaultPlan::default_for(scenario),
+            roles: Roles::default(),
             truth_pods: vec![
                 "openshift-apiserver/apiserver-zg25k".into(),
                 "client/client-1".into(),

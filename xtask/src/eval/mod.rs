@@ -27,7 +27,7 @@ use std::{
 
 use anyhow::{Context as _, bail, ensure};
 use dm_lab::{
-    Datapath, FaultPlan, Lab, LabOptions, NODE_NETNS, Scenario, ScenarioReport,
+    Datapath, FaultPlan, Lab, LabOptions, NODE_NETNS, Roles, Scenario, ScenarioReport,
     probe_log::{self, UdpSecond},
     soak::{self, Rng},
 };
@@ -284,8 +284,8 @@ pub fn eval(options: EvalOptions) -> anyhow::Result<()> {
 
     println!("==> lab up ({} datapath)", options.datapath);
     let lab_options = LabOptions { probe_period: PROBE_PERIOD, datapath: options.datapath };
-    let result = Lab::up_with(&lab_binary, lab_options).and_then(|lab| {
-        let result = eval_in(&lab, &agent_binary, &scenarios, &options, seed, &out_dir, &logs);
+    let result = Lab::up_with(&lab_binary, lab_options).and_then(|mut lab| {
+        let result = eval_in(&mut lab, &agent_binary, &scenarios, &options, seed, &out_dir, &logs);
         lab.stop_soak();
         lab.stop_noise();
         result
@@ -368,6 +368,9 @@ pub fn parse_soak(text: &str) -> Result<f64, String> {
 
 /// The seed of one run's plan: the eval's seed and the run's place, so that a run replays
 /// alone (`--seed S --scenarios X --repeat N` draws run N of X as the whole eval did).
+/// Mixed into a run's seed for its roles' stream.
+const ROLES_STREAM: u64 = 0x726f_6c65_7300;
+
 fn run_seed(seed: u64, scenario: Scenario, repeat: u32) -> u64 {
     let index = Scenario::ALL.iter().position(|s| *s == scenario).unwrap_or(0) as u64;
     seed ^ (index << 40) ^ u64::from(repeat)
@@ -392,7 +395,7 @@ fn parse_scenarios(list: Option<&str>) -> anyhow::Result<Vec<Scenario>> {
 }
 
 fn eval_in(
-    lab: &Lab,
+    lab: &mut Lab,
     agent_binary: &Path,
     scenarios: &[Scenario],
     options: &EvalOptions,
@@ -404,7 +407,9 @@ fn eval_in(
     for repeat in 1..=options.repeat {
         for &scenario in scenarios {
             let plan = FaultPlan::draw(scenario, &mut Rng::from_seed(run_seed(seed, scenario, repeat)));
-            let run = run_once(lab, agent_binary, scenario, repeat, &plan, logs);
+            // Its own stream: the plans stay what the same seed drew before roles were drawn.
+            let roles = Roles::draw(&mut Rng::from_seed(run_seed(seed, scenario, repeat) ^ ROLES_STREAM));
+            let run = run_once(lab, agent_binary, scenario, repeat, &plan, &roles, logs);
             lab.stop_noise();
             let run = run.with_context(|| format!("{scenario} run {repeat} ({})", plan.describe(scenario)))?;
             let a = assess(&run);
@@ -431,18 +436,22 @@ fn eval_in(
 }
 
 fn run_once(
-    lab: &Lab,
+    lab: &mut Lab,
     agent_binary: &Path,
     scenario: Scenario,
     repeat: u32,
     plan: &FaultPlan,
+    roles: &Roles,
     logs: &Path,
 ) -> anyhow::Result<RunRecord> {
     println!(
-        "==> {scenario} run {repeat}: {}, {:.1} s after the agent is ready",
+        "==> {scenario} run {repeat}: {}, {:.1} s after the agent is ready; {}",
         plan.describe(scenario),
-        plan.delay_seconds
+        plan.delay_seconds,
+        roles.describe()
     );
+    lab.assign_roles(roles).context("moving the probe and the stream")?;
+    let lab: &Lab = lab;
     if lab.start_noise(scenario)? {
         println!("    noise started {} s before the agent", NOISE_BEFORE_AGENT.as_secs());
         thread::sleep(NOISE_BEFORE_AGENT);
@@ -505,19 +514,22 @@ fn record(
     let udp_loss = probe_log::udp_loss_window(&udp, report.started, report.finished).or(report.udp_loss.clone());
     // The pods that lost traffic in truth: the prober's target when a probe failed, both ends
     // of the UDP stream when a datagram was lost.
-    let pod_name = |short: &str| lab.pod(short).map(|pod| format!("{}/{}", pod.namespace, pod.pod));
-    let mut truth_pods: Vec<String> = Vec::new();
+    let roles = &lab.roles;
+    let mut truth: Vec<&str> = Vec::new();
     if report.outage.is_some() {
-        truth_pods.extend(pod_name("apiserver"));
+        truth.push(&roles.probed);
     }
     if udp_loss.is_some() {
-        truth_pods.extend(pod_name("client"));
-        truth_pods.extend(pod_name("web"));
+        truth.extend([roles.stream_client.as_str(), roles.stream_server.as_str()]);
     }
+    truth.sort_unstable();
+    truth.dedup();
+    let truth_pods = lab.pod_names(truth);
     RunRecord {
         scenario,
         repeat,
         plan,
+        roles: roles.clone(),
         truth_pods,
         agent_ready,
         started: report.started,
@@ -614,6 +626,7 @@ fn write_results(out_dir: &Path, seed: u64, runs: &[RunRecord], soak: Option<&So
                 "repeat": run.repeat,
                 "plan": run.plan,
                 "plan_text": run.plan.describe(run.scenario),
+                "roles": run.roles,
                 "truth_pods": run.truth_pods,
                 "agent_ready": format!("{:.3}", run.agent_ready),
                 "report": run.report,

@@ -106,9 +106,11 @@ pub fn render(meta: &Meta, runs: &[RunRecord], soak: Option<&SoakRecord>) -> Str
         out,
         "Ground truth comes from the lab, which the agent never sees: the kubelet-like prober (an HTTP \
          probe with a 1 s timeout started every {} ms, 4 times kubelet's rate so that an outage is \
-         measured to 250 ms, not to 1 s; outage = first failed probe → first successful one) and the client pod's UDP stream \
-         (20 datagrams/s, each numbered and echoed; a datagram not echoed within 1 s is lost). Each run \
-         starts a fresh agent (empty state dir) and draws its fault's plan from seed {}: the delay from \
+         measured to 250 ms, not to 1 s; outage = first failed probe → first successful one) and a UDP stream \
+         between two pods (20 datagrams/s, each numbered and echoed; a datagram not echoed within 1 s is lost). Each run \
+         starts a fresh agent (empty state dir) and draws its fault's plan from seed {}: which pod the \
+         node probes and which two pods stream (any of the 3 × 6 layouts; `silent-drop` drops in the \
+         stream's server), the delay from \
          the agent's readiness to the fault ({:.1}–{:.0} s), how long the fault is held ({:.0}–{:.0} s), \
          SIGTERM or SIGKILL for the sdn, and in the seed whether the CNI config goes before or after \
          the OVS restart. The same seed replays the same plans. Intervals are 95 %: Wilson score \
@@ -342,7 +344,8 @@ fn render_runs(out: &mut String, assessed: &[(&RunRecord, Assessment)]) {
             None => format!("0 of {} ({} echoed)", run.udp_sent, run.udp_received),
         };
         let lost = format!("{} / {}", a.lost_reported.map_or("—".to_string(), |n| n.to_string()), a.lost_truth);
-        let plan = format!("{:.1} s; {}", run.plan.delay_seconds, run.plan.describe(run.scenario));
+        let plan =
+            format!("{:.1} s; {}; {}", run.plan.delay_seconds, run.plan.describe(run.scenario), run.roles.describe());
         let others: Vec<String> = run
             .incidents
             .iter()
@@ -492,7 +495,7 @@ mod tests {
             "| pod recall (pods that lost traffic in truth that the matched incidents name) | 67 % (2/3) |",
             "| false incidents | 0: 0 in decoy runs (0 of 1 decoy runs), 0 extra in incident runs, no soak | decoy runs with one: [0 %, 79 %]; no soak | 0 | met |",
             "| 2 / 2 / 3 | 1/1 / 0/0 |",
-            "| 2.0 s; hold 9.0 s, SIGTERM, CNI config removed, then OVS restarted |",
+            "| 2.0 s; hold 9.0 s, SIGTERM, CNI config removed, then OVS restarted; probe → apiserver, stream client → web |",
             "## Per scenario",
             "| sdn-upgrade | incident, process_restart ovs-vswitchd | 1 | 1 | 1/1 | 0 |",
             "| benign-restart | no incident | 1 | 0 | — | 0 |",
