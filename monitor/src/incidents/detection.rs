@@ -399,6 +399,9 @@ pub(super) struct Disruption {
     pub(super) lost: Evidence,
     /// Started below `floor`, joining an open incident: goes on at that same bar.
     joined: bool,
+    /// Loss-class evidence was part of it: from then on benign-class evidence keeps it going
+    /// but no longer moves its end (see [`InterfaceState::observe`]).
+    loss_seen: bool,
 }
 
 /// What detection knows of one watched interface.
@@ -639,6 +642,7 @@ impl InterfaceState {
                         end: current.clone(),
                         lost: total,
                         joined: joined && !by_benign,
+                        loss_seen: by_loss || joined,
                     });
                     started = Some(start_ns);
                 }
@@ -649,10 +653,19 @@ impl InterfaceState {
                 // still clearly is: benign traffic around its baseline lets it end.
                 let half = (floor / 2.0).max(1.0);
                 let loss_bar = if disruption.joined { 1.0 } else { half };
-                if (sample_loss_above && loss_excess >= loss_bar) || (benign_above && benign_excess >= half) {
+                let by_loss = sample_loss_above && loss_excess >= loss_bar;
+                if by_loss || (benign_above && benign_excess >= half) {
                     disruption.last_bad_ns = now_ns;
-                    // A retransmit seen late may tell of a loss before the latest evidence.
-                    disruption.last_evidence_ns = disruption.last_evidence_ns.max(last_evidence_ns.unwrap_or(now_ns));
+                    // Benign-class evidence after loss evidence keeps the disruption going but
+                    // does not move its end: after a recovery come late answers to packets lost
+                    // before it (SYN-ACKs queued in a restarting switch, for sockets that gave
+                    // up: NO_SOCKET drops), not loss going on.
+                    if by_loss || !disruption.loss_seen {
+                        // A retransmit seen late may tell of a loss before the latest evidence.
+                        disruption.last_evidence_ns =
+                            disruption.last_evidence_ns.max(last_evidence_ns.unwrap_or(now_ns));
+                    }
+                    disruption.loss_seen |= by_loss;
                     disruption.end = current.clone();
                 }
             }

@@ -274,6 +274,14 @@ impl IncidentEngine {
     }
 
     fn fold_into(open: &mut OpenIncident, iface: &InterfaceState, disruption: Disruption) {
+        let offset = |ns: u64| (ns as f64 - open.start.mono_ns as f64) / 1e9;
+        tracing::debug!(
+            interface = iface.name,
+            last_evidence_s = offset(disruption.last_evidence_ns),
+            last_bad_s = offset(disruption.last_bad_ns),
+            lost = ?disruption.lost,
+            "disruption ended (seconds from the incident's start)"
+        );
         let member = open.members.entry(iface.name.clone()).or_default();
         member.ended.add(&disruption.end.since(&disruption.start));
         member.lost.add(&disruption.lost);

@@ -402,6 +402,23 @@ fn scan(from: f64, to: f64) -> [Rates; 2] {
 }
 
 #[test]
+fn late_answers_after_a_recovery_do_not_stretch_the_incident() {
+    // 10 s without answers, then, in the second after recovery, SYN-ACKs a restarting switch
+    // held for sockets that gave up: NO_SOCKET drops (benign class) well above the baseline.
+    let mut sim = Sim::new();
+    let late = Rates { drops: 20, reason: "NO_SOCKET", ..burst("veth0001", 20.0, 21.0, 0) };
+    let rates = [steady("veth0001", 60.0), one_sided("veth0001", 10.0, 20.0), late];
+    sim.run(&["veth0001"], &rates, 0.0, 60.0);
+    let incidents = sim.engine.incidents();
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    let duration = incidents[0].duration_seconds;
+    assert!((duration - 10.0).abs() <= 0.5, "ends with the loss, not with the late answers: {duration} s");
+    // They still count as what the incident cost.
+    let veth = &incidents[0].interfaces[0];
+    assert_eq!(veth.drop_reasons.get("NO_SOCKET"), Some(&20), "{veth:#?}");
+}
+
+#[test]
 fn a_steady_scan_of_filtered_ports_is_no_incident_across_a_cni_flap() {
     let mut sim = Sim::new();
     sim.event(30.0, EventKind::CniConfigRemoved, "/etc/cni/net.d/80-openshift-network.conf", "deleted");
