@@ -33,8 +33,12 @@ pub struct DirectionCounters {
     pub unanswered: u64,
     /// `bpf_ktime_get_coarse_ns()` at which the latest counted one-sided stretch began.
     pub unanswered_since_ns: u64,
-    /// `bpf_ktime_get_coarse_ns()` of the latest packet counted in `unanswered`: where a
-    /// disruption's evidence ends, to the jiffy rather than to the agent's sample.
+    /// `bpf_ktime_get_coarse_ns()` of the latest packet counted in `unanswered` that more of
+    /// its one-sided stretch followed (the packet before the one just counted): where a
+    /// disruption's evidence ends, to the jiffy rather than to the agent's sample. The packet
+    /// counted last may be the one that is answered (a stretch ends only when the answer
+    /// comes): a neighbour's ARP request sent once a second after its path came back would
+    /// otherwise stretch the end by up to a second.
     pub unanswered_last_ns: u64,
     /// Of `syns`: handshakes to a service (address and port) not seen answering a handshake
     /// before ([`SERVICES_MAP`]), a port scan's or a firewalled port's; likewise of

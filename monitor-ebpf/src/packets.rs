@@ -320,6 +320,8 @@ fn converse(
             flags: if expected { STRETCH_EXPECTS_ANSWER } else { 0 },
         };
     }
+    // The stretch's packet before this one: this one may yet be answered, that one was not.
+    let before = this.last_ns;
     this.packets += 1;
     this.last_ns = now;
     if this.flags & STRETCH_EXPECTS_ANSWER != 0 && now.saturating_sub(this.since_ns) >= UNANSWERED_AFTER_NS {
@@ -331,7 +333,7 @@ fn converse(
         } else {
             direction.unanswered += 1;
         }
-        direction.unanswered_last_ns = now;
+        direction.unanswered_last_ns = direction.unanswered_last_ns.max(before);
     }
 }
 

@@ -41,6 +41,9 @@ const TCP_RTO_MIN_NS: u64 = 200_000_000;
 const NEIGH_FAILED: &str = "NEIGH_FAILED";
 /// The kernel's default interval between neighbour solicitations (`retrans_time_ms`, 1000).
 const NEIGH_RETRANS_NS: u64 = SECOND_NS;
+/// How far before a sample the kernel's time of the latest unanswered packet may be and still
+/// be this sample's (see `monitor_common::DirectionCounters::unanswered_last_ns`).
+const UNANSWERED_LAST_BACK_NS: u64 = 2 * SECOND_NS;
 /// Calm seconds a benign-class baseline needs before benign drops are judged.
 const BASELINE_MIN: usize = 5;
 /// The directions of an interface's counters, in their index order.
@@ -564,14 +567,13 @@ impl InterfaceState {
             let since = current.unanswered_since_ns;
             let fallback = prev_ns.saturating_sub(monitor_common::UNANSWERED_AFTER_NS);
             let first = if since >= fallback.saturating_sub(SECOND_NS) && since <= now_ns { since } else { fallback };
-            // The coarse clock may lag the sample's by a jiffy; a time outside the interval
-            // (a kernel without it, a stale value) falls back to the sample.
+            // The kernel's time of the latest unanswered packet that more of its stretch
+            // followed: in this interval, or before it when the packet counted now was a sparse
+            // stretch's next one (an ARP request a second later, perhaps the answered one). A
+            // time after the sample or long before it (a kernel without it, a stale value)
+            // falls back to the sample.
             let last = current.unanswered_last_ns;
-            let last = if last > prev_ns.saturating_sub(SECOND_NS / 10) && last <= now_ns {
-                last.max(prev_ns)
-            } else {
-                now_ns
-            };
+            let last = if last <= now_ns && last + UNANSWERED_LAST_BACK_NS > prev_ns { last } else { now_ns };
             times.push((first, last));
         }
         let onset_ns = times.iter().map(|(first, _)| *first).min();
