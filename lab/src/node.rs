@@ -161,9 +161,28 @@ impl Lab {
         self.pods.iter().find(|pod| pod.name == name)
     }
 
+    /// The lab pod with short name `name`, or an error naming it.
+    pub(crate) fn pod_named(&self, name: &str) -> anyhow::Result<&LabPod> {
+        self.pod(name).with_context(|| format!("no pod {name}"))
+    }
+
     /// The live pid of lab daemon `name` (`sdn`, `prober`, ...).
     pub fn daemon_pid(&self, name: &str) -> Option<i32> {
         sys::read_pid(&self.pids_dir().join(format!("{name}.pid"))).filter(|pid| sys::alive(*pid))
+    }
+
+    /// Stops lab daemon `name` (SIGTERM, SIGKILL after 2 s) and removes its pid file; idempotent.
+    pub(crate) fn stop_daemon(&self, name: &str) {
+        if let Some(pid) = self.daemon_pid(name) {
+            sys::stop(pid, Duration::from_secs(2));
+        }
+        let _ = fs::remove_file(self.pids_dir().join(format!("{name}.pid")));
+    }
+
+    /// Writes the state file describing this lab.
+    pub(crate) fn write_state(&self) -> anyhow::Result<()> {
+        fs::write(self.state_file(), serde_json::to_string_pretty(self)?)
+            .with_context(|| format!("writing {}", self.state_file().display()))
     }
 
     /// The live pid of OVS daemon `name` (`ovsdb-server`, `ovs-vswitchd`).
@@ -291,8 +310,7 @@ impl Lab {
         for pod in &self.pods {
             self.build_pod(pod)?;
         }
-        fs::write(self.state_file(), serde_json::to_string_pretty(self)?)
-            .with_context(|| format!("writing {}", self.state_file().display()))?;
+        self.write_state()?;
 
         // The daemons: the probed pod's /healthz, the UDP echo, the sdn, the UDP client, the prober.
         self.start_servers()?;

@@ -135,16 +135,12 @@ impl Lab {
 
     /// Whether the noise daemon runs.
     pub fn noise_running(&self) -> bool {
-        sys::read_pid(&self.pids_dir().join(format!("{DAEMON}.pid"))).is_some_and(sys::alive)
+        self.daemon_pid(DAEMON).is_some()
     }
 
     /// Stops the noise daemon and removes the scan's DROP rule; idempotent.
     pub fn stop_noise(&self) {
-        let pidfile = self.pids_dir().join(format!("{DAEMON}.pid"));
-        if let Some(pid) = sys::read_pid(&pidfile).filter(|pid| sys::alive(*pid)) {
-            sys::stop(pid, Duration::from_secs(2));
-        }
-        let _ = std::fs::remove_file(pidfile);
+        self.stop_daemon(DAEMON);
         if let Some(web) = self.pod("web") {
             let ports = format!("{}:{}", SCAN_PORTS.0, SCAN_PORTS.1);
             let rule = ["-w", "5", "-D", "INPUT", "-p", "tcp", "--dport", &ports, "-j", "DROP"];

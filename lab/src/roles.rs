@@ -55,9 +55,8 @@ impl Lab {
     /// Starts the servers of the traffic the lab watches: `/healthz` in the probed pod, the UDP
     /// echo in the stream's server.
     pub(crate) fn start_servers(&self) -> anyhow::Result<()> {
-        let probed = self.pod(&self.roles.probed).with_context(|| format!("no pod {}", self.roles.probed))?;
-        let server =
-            self.pod(&self.roles.stream_server).with_context(|| format!("no pod {}", self.roles.stream_server))?;
+        let probed = self.pod_named(&self.roles.probed)?;
+        let server = self.pod_named(&self.roles.stream_server)?;
         self.spawn("serve-healthz", &probed.netns, &self.bin, &["serve-healthz", "--port", &HEALTHZ_PORT.to_string()])?;
         self.spawn("udp-echo", &server.netns, &self.bin, &["udp-echo", "--port", &UDP_PORT.to_string()])?;
         Ok(())
@@ -66,11 +65,9 @@ impl Lab {
     /// Starts the prober and the UDP client, and waits until a probe passed and a datagram
     /// was echoed.
     pub(crate) fn start_clients(&self) -> anyhow::Result<()> {
-        let probed = self.pod(&self.roles.probed).with_context(|| format!("no pod {}", self.roles.probed))?;
-        let client =
-            self.pod(&self.roles.stream_client).with_context(|| format!("no pod {}", self.roles.stream_client))?;
-        let server =
-            self.pod(&self.roles.stream_server).with_context(|| format!("no pod {}", self.roles.stream_server))?;
+        let probed = self.pod_named(&self.roles.probed)?;
+        let client = self.pod_named(&self.roles.stream_client)?;
+        let server = self.pod_named(&self.roles.stream_server)?;
         let target = format!("{}:{UDP_PORT}", server.ip);
         let udp_log = self.udp_log().to_string_lossy().into_owned();
         let rate = UDP_RATE.to_string();
@@ -114,15 +111,10 @@ impl Lab {
             return Ok(());
         }
         for name in TRAFFIC_DAEMONS {
-            let pidfile = self.pids_dir().join(format!("{name}.pid"));
-            if let Some(pid) = sys::read_pid(&pidfile).filter(|pid| sys::alive(*pid)) {
-                sys::stop(pid, Duration::from_secs(2));
-            }
-            let _ = std::fs::remove_file(pidfile);
+            self.stop_daemon(name);
         }
         self.roles = roles.clone();
-        std::fs::write(self.state_file(), serde_json::to_string_pretty(self)?)
-            .with_context(|| format!("writing {}", self.state_file().display()))?;
+        self.write_state()?;
         self.start_servers()?;
         self.start_clients()
     }

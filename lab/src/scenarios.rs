@@ -280,8 +280,7 @@ impl Lab {
 
     /// Everything to the UDP stream's server is dropped in its pod (the web pod by default).
     fn silent_drop(&self, plan: &FaultPlan, steps: &mut Steps<'_>) -> anyhow::Result<Timestamp> {
-        let name = &self.roles.stream_server;
-        let web = self.pod(name).with_context(|| format!("no pod {name}"))?;
+        let web = self.pod_named(&self.roles.stream_server)?;
         let iptables =
             |op: &str| sys::run(sys::in_netns(&web.netns, "iptables").args(["-w", "5", op, "INPUT", "-j", "DROP"]));
         iptables("-I")?;

@@ -211,11 +211,7 @@ impl Lab {
     /// Stops the soak daemons (SIGTERM, SIGKILL after 2 s); idempotent.
     pub fn stop_soak(&self) {
         for (name, _, _) in LAYOUT {
-            let pidfile = self.pids_dir().join(format!("{name}.pid"));
-            if let Some(pid) = sys::read_pid(&pidfile).filter(|pid| sys::alive(*pid)) {
-                sys::stop(pid, Duration::from_secs(2));
-            }
-            let _ = std::fs::remove_file(pidfile);
+            self.stop_daemon(name);
         }
     }
 }

@@ -366,11 +366,11 @@ pub fn parse_soak(text: &str) -> Result<f64, String> {
     }
 }
 
-/// The seed of one run's plan: the eval's seed and the run's place, so that a run replays
-/// alone (`--seed S --scenarios X --repeat N` draws run N of X as the whole eval did).
 /// Mixed into a run's seed for its roles' stream.
 const ROLES_STREAM: u64 = 0x726f_6c65_7300;
 
+/// The seed of one run's plan: the eval's seed and the run's place, so that a run replays
+/// alone (`--seed S --scenarios X --repeat N` draws run N of X as the whole eval did).
 fn run_seed(seed: u64, scenario: Scenario, repeat: u32) -> u64 {
     let index = Scenario::ALL.iter().position(|s| *s == scenario).unwrap_or(0) as u64;
     seed ^ (index << 40) ^ u64::from(repeat)
