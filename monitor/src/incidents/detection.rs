@@ -10,6 +10,10 @@
 //!   and handshakes to services never seen answering one (a scan, a port filtered all along:
 //!   their SYNs left unanswered or retransmitted, their drops `…:unseen_service`). Flows that
 //!   never worked lose nothing; they are evidence only above a warm baseline (5 calm seconds).
+//!   Of these, refusals ([`is_refusal_reason`]: the network delivered the packet and the
+//!   receiver refused it, or the flow never worked) count in a disruption but never open one
+//!   or move its end; the rest (unnamed drops, malformed packets, a switch's unforwarded
+//!   packets) may be loss, and open one above their own baseline.
 //!
 //! Each class has its own baseline: per-second counts in calm seconds, median and MAD over
 //! the last `baseline_seconds`. A disruption starts when a class's trailing second exceeds
@@ -52,14 +56,37 @@ pub(super) const DIRECTIONS: [&str; 2] = ["ingress", "egress"];
 /// Drop reasons that healthy nodes see all the time: packets for other hosts on a bridge
 /// port, to closed ports (answered by a reset or an ICMP error), unknown protocols, socket
 /// filters, TCP's own state checks, drops without a reason (or with one this agent cannot
-/// name), and a switch's unforwarded count, noisy by nature. Evidence only above the
-/// interface's warm baseline.
+/// name), malformed or oversized packets, and a switch's unforwarded count, noisy by nature.
+/// Evidence only above the interface's warm baseline.
 pub fn is_benign_reason(reason: &str) -> bool {
+    is_refusal_reason(reason)
+        || matches!(
+            reason,
+            "NOT_SPECIFIED"
+                | "unknown"
+                | "PKT_TOO_SMALL"
+                | "PKT_TOO_BIG"
+                | "DUP_FRAG"
+                | "IP_CSUM"
+                | "IP_INHDR"
+                // A switch's entered-minus-left count: noisy by nature.
+                | UNFORWARDED_REASON
+        )
+        || reason.starts_with("REASON_")
+}
+
+/// Of the benign class, the drops of packets the network delivered and the receiver refused,
+/// or of flows that never worked: a closed port, a packet for another host or of a protocol
+/// nobody speaks, a socket's filter or full buffer, TCP's state checks, a SYN to a service never
+/// seen answering. However many there are, the network lost nothing: above the baseline they
+/// count in a disruption that loss opened, but never open one or move its end (a pod that
+/// starts calling a closed port is no incident; nor are the SYN-ACKs a recovered switch
+/// delivers late to sockets that gave up). Unnamed drops, malformed packets and a switch's
+/// unforwarded packets may be loss: above the baseline, they open a disruption.
+pub fn is_refusal_reason(reason: &str) -> bool {
     matches!(
         reason,
-        "NOT_SPECIFIED"
-            | "unknown"
-            | "OTHERHOST"
+        "OTHERHOST"
             | "NO_SOCKET"
             | "SOCKET_FILTER"
             | "SOCKET_CLOSE"
@@ -67,16 +94,8 @@ pub fn is_benign_reason(reason: &str) -> bool {
             | "UNHANDLED_PROTO"
             | "IP_NOPROTO"
             | "IPV6DISABLED"
-            | "PKT_TOO_SMALL"
-            | "PKT_TOO_BIG"
-            | "DUP_FRAG"
-            | "IP_CSUM"
-            | "IP_INHDR"
             | "UNICAST_IN_L2_MULTICAST"
-            // A switch's entered-minus-left count: noisy by nature.
-            | UNFORWARDED_REASON
     ) || reason.starts_with("TCP_")
-        || reason.starts_with("REASON_")
         // A SYN to a service never seen answering, whatever dropped it: a scan, a port
         // filtered all along.
         || reason.ends_with(UNSEEN_SERVICE_SUFFIX)
@@ -376,9 +395,10 @@ impl Baseline {
 #[derive(Debug)]
 struct SampleInterval {
     at_ns: u64,
-    /// Loss evidence, benign-class drops, packets.
+    /// Loss evidence, benign-class evidence (of which `noisy`: not refusals), packets.
     loss: u64,
     benign: u64,
+    noisy: u64,
     packets: u64,
     /// The earliest and the latest evidence in this interval.
     onset_ns: Option<u64>,
@@ -402,9 +422,6 @@ pub(super) struct Disruption {
     pub(super) lost: Evidence,
     /// Started below `floor`, joining an open incident: goes on at that same bar.
     joined: bool,
-    /// Loss-class evidence was part of it: from then on benign-class evidence keeps it going
-    /// but no longer moves its end (see [`InterfaceState::observe`]).
-    loss_seen: bool,
 }
 
 /// What detection knows of one watched interface.
@@ -419,6 +436,8 @@ pub(super) struct InterfaceState {
     window: VecDeque<SampleInterval>,
     loss_baseline: Baseline,
     benign_baseline: Baseline,
+    /// The benign class less its refusals ([`is_refusal_reason`]): what may open a disruption.
+    noisy_baseline: Baseline,
     /// Handshakes to services seen answering before (loss evidence when unanswered), and to
     /// others (benign-class: a scan, a port filtered all along).
     handshakes: Handshakes,
@@ -444,6 +463,7 @@ impl InterfaceState {
             window: VecDeque::new(),
             loss_baseline: Baseline::new(now_ns),
             benign_baseline: Baseline::new(now_ns),
+            noisy_baseline: Baseline::new(now_ns),
             handshakes,
             unseen_handshakes,
             activity: Default::default(),
@@ -505,11 +525,14 @@ impl InterfaceState {
         // Handshakes to services never seen answering are benign-class evidence too.
         let unseen = unseen_unanswered[0] + unseen_unanswered[1] + unseen_retransmits[0] + unseen_retransmits[1];
         let benign: u64 = benign_drops.values().sum::<u64>() + unseen;
+        let noisy: u64 = benign_drops.iter().filter(|(reason, _)| !is_refusal_reason(reason)).map(|(_, n)| *n).sum();
         let loss = lost.evidence();
         let packets = delta.packets[0] + delta.packets[1];
         let benign_above = self.benign_baseline.warm()
             && benign > 0
             && benign as f64 > self.benign_baseline.expected_in(dt_s, packets);
+        let noisy_above =
+            self.noisy_baseline.warm() && noisy > 0 && noisy as f64 > self.noisy_baseline.expected_in(dt_s, packets);
         if benign_above {
             for (reason, n) in benign_drops {
                 *lost.dropped.entry(reason).or_default() += n;
@@ -585,6 +608,7 @@ impl InterfaceState {
             at_ns: now_ns,
             loss,
             benign,
+            noisy,
             packets,
             onset_ns,
             last_evidence_ns,
@@ -609,6 +633,12 @@ impl InterfaceState {
         } else {
             0.0
         };
+        let window_noisy: u64 = self.window.iter().map(|t| t.noisy).sum();
+        let noisy_excess = if self.noisy_baseline.warm() {
+            window_noisy as f64 - self.noisy_baseline.expected_in(1.0, window_packets)
+        } else {
+            0.0
+        };
         let floor = config.floor.max(1) as f64;
         let sample_loss_above = loss > 0 && loss as f64 > loss_expected * dt_s;
 
@@ -617,13 +647,14 @@ impl InterfaceState {
             None => {
                 let by_loss = loss_excess >= floor;
                 let joined = joining && self.is_pod_veth && !by_loss && loss_excess >= 1.0;
-                let by_benign = benign_excess >= floor;
-                if by_loss || by_benign || joined {
+                // Refusals alone open nothing (see [`is_refusal_reason`]).
+                let by_noisy = noisy_excess >= floor;
+                if by_loss || by_noisy || joined {
                     // Onset: the earliest evidence of the class that crossed, in the trailing second.
                     let first = self
                         .window
                         .iter()
-                        .find(|t| ((by_loss || joined) && t.loss > 0) || (by_benign && t.benign > 0))
+                        .find(|t| ((by_loss || joined) && t.loss > 0) || (by_noisy && t.noisy > 0))
                         .unwrap_or_else(|| self.window.back().expect("this sample is in the window"));
                     let start_ns = self
                         .window
@@ -643,8 +674,7 @@ impl InterfaceState {
                         start: first.before.clone(),
                         end: current.clone(),
                         lost: total,
-                        joined: joined && !by_benign,
-                        loss_seen: by_loss || joined,
+                        joined: joined && !by_noisy,
                     });
                     started = Some(start_ns);
                 }
@@ -658,16 +688,15 @@ impl InterfaceState {
                 let by_loss = sample_loss_above && loss_excess >= loss_bar;
                 if by_loss || (benign_above && benign_excess >= half) {
                     disruption.last_bad_ns = now_ns;
-                    // Benign-class evidence after loss evidence keeps the disruption going but
-                    // does not move its end: after a recovery come late answers to packets lost
-                    // before it (SYN-ACKs queued in a restarting switch, for sockets that gave
-                    // up: NO_SOCKET drops), not loss going on.
-                    if by_loss || !disruption.loss_seen {
+                    // Refusals keep the disruption going but do not move its end: after a
+                    // recovery come late answers to packets lost before it (SYN-ACKs queued in a
+                    // restarting switch, for sockets that gave up: NO_SOCKET drops), not loss
+                    // going on.
+                    if by_loss || noisy_above {
                         // A retransmit seen late may tell of a loss before the latest evidence.
                         disruption.last_evidence_ns =
                             disruption.last_evidence_ns.max(last_evidence_ns.unwrap_or(now_ns));
                     }
-                    disruption.loss_seen |= by_loss;
                     disruption.end = current.clone();
                 }
             }
@@ -678,6 +707,7 @@ impl InterfaceState {
         let keep = config.baseline_seconds;
         self.loss_baseline.record(now_ns, loss, packets, calm, keep);
         self.benign_baseline.record(now_ns, benign, packets, calm, keep);
+        self.noisy_baseline.record(now_ns, noisy, packets, calm, keep);
         started
     }
 
@@ -690,6 +720,7 @@ impl InterfaceState {
     pub(super) fn adopt_baseline(&mut self) {
         self.loss_baseline.adopt_recent();
         self.benign_baseline.adopt_recent();
+        self.noisy_baseline.adopt_recent();
     }
 }
 

@@ -36,7 +36,7 @@ struct Rates {
     interface: &'static str,
     from: f64,
     to: f64,
-    /// Drops per second, with `reason` (NO_SOCKET when empty).
+    /// Drops per second, with `reason` (NOT_SPECIFIED when empty: benign class, not a refusal).
     drops: u64,
     reason: &'static str,
     packets_in: u64,
@@ -119,7 +119,7 @@ impl Sim {
                         // between two samples).
                         let part = (t.min(r.to) - (t - tick).max(r.from)) / tick;
                         let per_tick = |rate: u64| rate as f64 / 4.0 * part;
-                        let reason = if r.reason.is_empty() { "NO_SOCKET" } else { r.reason };
+                        let reason = if r.reason.is_empty() { "NOT_SPECIFIED" } else { r.reason };
                         *total.drops.entry(reason).or_default() += per_tick(r.drops);
                         total.packets[0] += per_tick(r.packets_in);
                         total.packets[1] += per_tick(r.packets_out);
@@ -220,9 +220,9 @@ fn the_seed_sequence_is_one_incident_with_both_causes_restart_first() {
     assert!(!incident.active);
     assert_eq!(incident.totals.interfaces, 3);
     assert_eq!(incident.totals.drops, 3 * 9 * 40);
-    // NO_SOCKET is benign-class: lost only while above the baseline, which it is throughout.
+    // NOT_SPECIFIED is benign-class: lost only while above the baseline, which it is throughout.
     assert_eq!(incident.totals.lost_packets, 3 * 9 * 40);
-    assert_eq!(incident.interfaces[0].lost.dropped["NO_SOCKET"], 360);
+    assert_eq!(incident.interfaces[0].lost.dropped["NOT_SPECIFIED"], 360);
     assert!((incident.duration_seconds - 9.0).abs() <= 0.5, "{}", incident.duration_seconds);
     assert_eq!(kinds(incident), ["process_restart", "cni_default_network_missing"], "{:#?}", incident.causes);
     // The restart is timed at the exit it follows.
@@ -230,7 +230,11 @@ fn the_seed_sequence_is_one_incident_with_both_causes_restart_first() {
     assert!((incident.causes[1].offset_seconds + 2.9).abs() < 0.3, "{:?}", incident.causes[1]);
     assert!(incident.message.contains("began 2.") && incident.message.contains("after ovs-vswitchd went down"));
     assert!(incident.message.contains("the CNI default network config was removed"), "{}", incident.message);
-    assert!(incident.message.contains("1,080 packets lost (1,080 dropped: NO_SOCKET 1,080)"), "{}", incident.message);
+    assert!(
+        incident.message.contains("1,080 packets lost (1,080 dropped: NOT_SPECIFIED 1,080)"),
+        "{}",
+        incident.message
+    );
     let opened = sim.updates.iter().filter(|u| matches!(u, IncidentUpdate::Opened(_))).count();
     assert_eq!(opened, 1);
     assert_eq!(sim.engine.ended_by_cause().get("process_restart"), Some(&1));
@@ -387,10 +391,11 @@ fn a_flapping_burst_is_one_incident() {
 }
 
 /// Each evidence alone, from the agent's first sample or later: (what, starts at, expected
-/// incident). Loss-class evidence needs no warm-up; benign-class drops need a warm baseline.
+/// incident). Loss-class evidence needs no warm-up; benign-class drops need a warm baseline,
+/// and refusals among them open nothing.
 #[test]
 fn each_evidence_opens_an_incident_when_it_should() {
-    let cases: [(&str, Rates, bool); 11] = [
+    let cases: [(&str, Rates, bool); 13] = [
         ("unanswered from the first second", one_sided("veth0001", 0.0, 6.0), true),
         ("unanswered 2 s after start", one_sided("veth0001", 2.0, 8.0), true),
         (
@@ -417,9 +422,21 @@ fn each_evidence_opens_an_incident_when_it_should() {
             false,
         ),
         (
+            // Unnamed drops may be loss: news above a warm baseline.
+            "NOT_SPECIFIED surge on a warm baseline",
+            Rates { drops: 50, reason: "NOT_SPECIFIED", ..burst("veth0001", 12.0, 16.0, 0) },
+            true,
+        ),
+        // Refusals open nothing however many there are: the network delivered those packets.
+        (
             "OTHERHOST surge on a warm baseline",
             Rates { drops: 50, reason: "OTHERHOST", ..burst("veth0001", 12.0, 16.0, 0) },
-            true,
+            false,
+        ),
+        (
+            "NO_SOCKET surge on a warm baseline",
+            Rates { drops: 50, reason: "NO_SOCKET", ..burst("veth0001", 12.0, 16.0, 0) },
+            false,
         ),
         (
             // Packets a switch forwarded to no port in (12, 16], reported a sample late.
