@@ -37,8 +37,9 @@ pub struct DirectionCounters {
     /// its one-sided stretch followed (the packet before the one just counted): where a
     /// disruption's evidence ends, to the jiffy rather than to the agent's sample. The packet
     /// counted last may be the one that is answered (a stretch ends only when the answer
-    /// comes): a neighbour's ARP request sent once a second after its path came back would
-    /// otherwise stretch the end by up to a second.
+    /// comes): a unicast ARP request re-checking a neighbour once a second after its path came
+    /// back would otherwise stretch the end by up to a second. A broadcast ARP request is
+    /// itself the latest: the packets for an unresolved neighbour wait for its answer.
     pub unanswered_last_ns: u64,
     /// Of `syns`: handshakes to a service (address and port) not seen answering a handshake
     /// before ([`SERVICES_MAP`]), a port scan's or a firewalled port's; likewise of

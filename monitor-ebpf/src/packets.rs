@@ -245,7 +245,7 @@ fn observe_packet(ctx: &TcContext, ifindex: u32, counters: &mut InterfaceCounter
         _ => return Ok(()),
     };
     let direction = if ingress { &mut counters.ingress } else { &mut counters.egress };
-    converse(direction, ifindex, proto, &source, &destination, expects);
+    converse(direction, ifindex, proto, &source, &destination, expects, false);
     Ok(())
 }
 
@@ -261,10 +261,15 @@ fn observe_arp(ctx: &TcContext, ifindex: u32, counters: &mut InterfaceCounters, 
         return Ok(());
     }
     let expects = if opcode == ARP_REQUEST { Expects::Always } else { Expects::Nothing };
+    // A broadcast request resolves a neighbour not known yet: the sender's packets for it wait
+    // in the neighbour's queue until the reply, so the request answered is where their outage
+    // ends. A unicast request re-checks a known neighbour while traffic goes on using it.
+    let destination_mac: [u8; 6] = read(ctx, 0)?;
+    let holds_traffic = opcode == ARP_REQUEST && destination_mac == [0xff; 6];
     let direction = if ingress { &mut counters.ingress } else { &mut counters.egress };
     let source = Endpoint { address: [sender, 0], port: 0 };
     let destination = Endpoint { address: [target, 0], port: 0 };
-    converse(direction, ifindex, 0, &source, &destination, expects);
+    converse(direction, ifindex, 0, &source, &destination, expects, holds_traffic);
     Ok(())
 }
 
@@ -276,6 +281,8 @@ fn mix(value: u64) -> u64 {
 
 /// Updates the conversation of this packet and counts its packets as unanswered once this
 /// side has sent for [`UNANSWERED_AFTER_NS`] with nothing back, where an answer is expected.
+/// `holds_traffic`: other packets wait for this one's answer (see [`observe_arp`]), so the
+/// stretch's outage lasts up to this packet, answered or not.
 #[inline(always)]
 fn converse(
     direction: &mut DirectionCounters,
@@ -284,6 +291,7 @@ fn converse(
     source: &Endpoint,
     destination: &Endpoint,
     expects: Expects,
+    holds_traffic: bool,
 ) {
     let (low, high, side) =
         if source.sorts_before(destination) { (source, destination, 0) } else { (destination, source, 1) };
@@ -321,7 +329,8 @@ fn converse(
         };
     }
     // The stretch's packet before this one: this one may yet be answered, that one was not.
-    let before = this.last_ns;
+    // Unless packets wait for this one's answer: they were held until it came.
+    let before = if holds_traffic { now } else { this.last_ns };
     this.packets += 1;
     this.last_ns = now;
     if this.flags & STRETCH_EXPECTS_ANSWER != 0 && now.saturating_sub(this.since_ns) >= UNANSWERED_AFTER_NS {
